@@ -1,0 +1,1 @@
+"""Fact collection, expected-vs-found checks, risk ranking and reports."""

@@ -1,0 +1,1 @@
+"""Transports (local, SSH), the inventory, remote apply and systemd units."""

@@ -1,0 +1,272 @@
+"""The library API the CLI is a thin layer over; tests call these functions directly.
+
+Data flows one way: Series -> Plan -> engine request -> engine result -> HostResult.
+Transports are passed in (patchset/ never imports deploy/).
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import __version__, engine
+from .errors import (HostUnreachable, LockedError, PatchsetError, TargetError, UsageError)
+from .model import Patch, Series
+from .selection import Plan, Selection, plan
+from .transport import Transport
+
+
+# ---------------------------------------------------------------- requests
+
+def base_files(series: Series) -> dict[str, str | None]:
+    """Pre-image of every file the series touches: the first patch's `index` pre blob."""
+    out: dict[str, str | None] = {}
+    for patch in series.patches:
+        for change in patch.files:
+            out.setdefault(change.path, change.pre)
+    return out
+
+
+def patch_spec(patch: Patch) -> dict[str, Any]:
+    return {"name": patch.name, "sha256": patch.sha256, "file": patch.file,
+            "summary": patch.summary, "depends": list(patch.depends), "tier": patch.tier,
+            "path": patch.path,
+            "gate": {"env": patch.gate.env, "on": patch.gate.on} if patch.gate else None,
+            "files": [{"path": c.path, "pre": c.pre, "post": c.post} for c in patch.files]}
+
+
+def make_request(series: Series, op: str, patches: Iterable[Patch] = (),
+                 **extra: Any) -> tuple[dict, dict[str, Path]]:
+    """The engine request plus the files to ship with it (bundle name -> local path)."""
+    chosen = list(patches)
+    pin = series.upstream
+    request = {"op": op, "git_prefix": pin.git_prefix, "package": pin.name,
+               "tool_version": __version__, "base_files": base_files(series),
+               "upstream": {"name": pin.name, "version": pin.version},
+               "patches": [patch_spec(p) for p in chosen], **extra}
+    files = {p.file: Path(series.root) / p.file for p in chosen}
+    return request, files
+
+
+def raise_for(host: str, result: dict) -> dict:
+    """Turn an engine error record into the matching PatchsetError."""
+    if result.get("ok"):
+        return result
+    error = result.get("error") or {}
+    kinds = {"usage": UsageError, "locked": LockedError}
+    exc = kinds.get(error.get("kind"), TargetError)(f"{host}: {error.get('message')}")
+    exc.details = error.get("details") or ""  # type: ignore[attr-defined]
+    raise exc
+
+
+# ---------------------------------------------------------------- per-host results
+
+@dataclass
+class HostResult:
+    host: str
+    ok: bool
+    changed: bool = False
+    target: str | None = None
+    before: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)
+    head: str | None = None
+    recovered: dict | None = None
+    dry_run: bool = False
+    reverted: list[str] = field(default_factory=list)
+    error: str | None = None
+    details: str = ""
+    exit_code: int = 0
+
+
+def _run_on(transport: Transport, request: dict, files: dict[str, Path]) -> HostResult:
+    try:
+        result = raise_for(transport.host, transport.run_engine(request, files))
+    except (HostUnreachable, TargetError, UsageError) as exc:
+        return HostResult(host=transport.host, ok=False, error=str(exc),
+                          details=getattr(exc, "details", ""), exit_code=exc.exit_code)
+    return HostResult(host=transport.host, ok=True, changed=result.get("changed", False),
+                      target=result.get("target"), before=result.get("before", []),
+                      after=result.get("after", []), head=result.get("head"),
+                      recovered=result.get("recovered"), dry_run=result.get("dry_run", False),
+                      reverted=result.get("reverted", []))
+
+
+def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: bool = False,
+          lock_wait: float = 0.0) -> list[HostResult]:
+    """Make each host run exactly the planned selection (declarative, idempotent)."""
+    request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
+                                  lock_wait=lock_wait)
+    return [_run_on(t, dict(request, target=_target_of(t)), files) for t in transports]
+
+
+def revert(series: Series, names: list[str], transport: Transport, with_dependents: bool = False,
+           lock_wait: float = 0.0) -> HostResult:
+    """Take `names` out; the engine rebuilds the rest from the copies kept on the target."""
+    known = series.by_name()
+    for name in names:
+        if name not in known:
+            raise UsageError(f"no patch named {name!r} in {series.manifest} (see `patchset list`)")
+    request, files = make_request(series, "revert", names=names, with_dependents=with_dependents,
+                                  lock_wait=lock_wait)
+    return _run_on(transport, dict(request, target=_target_of(transport)), files)
+
+
+def status(series: Series, transport: Transport) -> dict:
+    request, files = make_request(series, "status")
+    result = raise_for(transport.host, transport.run_engine(dict(request, target=_target_of(transport)), files))
+    result.pop("ok", None)
+    result["host"] = transport.host
+    result["pinned_base"] = _pinned_summary(series, result)
+    return result
+
+
+def _pinned_summary(series: Series, result: dict) -> str:
+    pin = f"{series.upstream.name} {series.upstream.version}"
+    if not result.get("managed"):
+        return f"not managed yet (apply checks it is {pin})"
+    return f"{pin} (verified at first apply)"
+
+
+def _target_of(transport: Transport) -> str:
+    return str(getattr(transport, "target"))
+
+
+def has_findings(state: dict) -> bool:
+    return bool(state.get("drift") or state.get("dirty") or state.get("foreign_commits")
+                or state.get("interrupted"))
+
+
+# ---------------------------------------------------------------- show
+
+@dataclass(frozen=True)
+class PatchView:
+    patch: Patch
+    text: str            # the whole patch file
+    diff: str            # from the first `diff --git`
+
+
+def show(series: Series, name: str) -> PatchView:
+    patch = series.by_name().get(name)
+    if patch is None:
+        raise UsageError(f"no patch named {name!r} in {series.manifest} (see `patchset list`)")
+    text = (Path(series.root) / patch.file).read_text(encoding="utf-8")
+    start = text.find("diff --git ")
+    return PatchView(patch=patch, text=text, diff=text[start:])
+
+
+def list_patches(series: Series, tier: str | None = None, path: str | None = None) -> list[Patch]:
+    return list(plan(series, Selection(tier=tier, path=path)).patches)
+
+
+# ---------------------------------------------------------------- check
+
+@dataclass(frozen=True)
+class PreImage:
+    path: str
+    recorded: str | None
+    found: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.recorded == self.found
+
+
+@dataclass(frozen=True)
+class SelectionCheck:
+    names: tuple[str, ...]
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    manifest: str
+    base: str
+    preimages: tuple[PreImage, ...]
+    selections: tuple[SelectionCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.preimages) and all(s.ok for s in self.selections)
+
+
+def closed_selections(series: Series, exhaustive: bool = False) -> list[tuple[Patch, ...]]:
+    """Selections the rules allow: whole series, tiers, paths, each patch with its deps;
+    with `exhaustive`, every dependency-closed conflict-free subset (small series only)."""
+    if exhaustive:
+        names = [p.name for p in series.patches]
+        subsets = (set(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r))
+    else:
+        subsets = _representative(series)
+    out, seen = [], set()
+    for subset in subsets:
+        if _allowed(series, subset):
+            chosen = tuple(p for p in series.patches if p.name in subset)
+            key = tuple(p.name for p in chosen)
+            if key not in seen:
+                seen.add(key)
+                out.append(chosen)
+    return out
+
+
+def _representative(series: Series) -> Iterable[set[str]]:
+    yield {p.name for p in series.patches}
+    for tier, path in itertools.product(("safe", "moderate", "risky", None),
+                                        ("prefill", "decode", "both", None)):
+        try:
+            yield set(plan(series, Selection(tier=tier, path=path)).names)
+        except PatchsetError:
+            continue
+    for patch in series.patches:
+        try:
+            yield set(plan(series, Selection(only=(patch.name,))).names)
+        except PatchsetError:
+            continue
+
+
+def _allowed(series: Series, subset: set[str]) -> bool:
+    known = series.by_name()
+    for name in subset:
+        if not set(known[name].depends) <= subset or set(known[name].conflicts) & subset:
+            return False
+    return True
+
+
+def check(series: Series, read_base_blob, base_label: str, exhaustive: bool = False,
+          progress=None) -> CheckReport:
+    """Verify recorded pre-images against the pin, then apply every selection on a scratch
+    copy of the touched base files with the real engine (zero fuzz, post-images checked).
+
+    `read_base_blob(path) -> bytes | None` reads a git-layout path from the pinned base.
+    """
+    base = base_files(series)
+    contents = {path: read_base_blob(path) for path in base}
+    pre = tuple(PreImage(path, blob, engine.blob_id(contents[path]) if contents[path] is not None
+                         else None) for path, blob in sorted(base.items()))
+    selections = closed_selections(series, exhaustive)
+    results = []
+    for chosen in selections:
+        results.append(_check_one(series, chosen, contents))
+        if progress:
+            progress(1)
+    return CheckReport(series.manifest, base_label, pre, tuple(results))
+
+
+def _check_one(series: Series, chosen: tuple[Patch, ...],
+               contents: dict[str, bytes | None]) -> SelectionCheck:
+    names = tuple(p.name for p in chosen)
+    with tempfile.TemporaryDirectory(prefix="patchset-check-") as tmp:
+        root = Path(tmp)
+        (root / series.upstream.git_prefix / series.upstream.name).mkdir(parents=True)
+        for path, data in contents.items():
+            if data is not None:
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                (root / path).write_bytes(data)
+        request, _ = make_request(series, "apply", chosen, target=str(root))
+        result = engine.run(request, series.root)
+    if result.get("ok"):
+        return SelectionCheck(names, True)
+    return SelectionCheck(names, False, result["error"]["message"])

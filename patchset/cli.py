@@ -1,0 +1,417 @@
+"""The `patchset` command: parse options, call one library function, render.
+
+Results go to stdout (a table, or JSON with --json, never both); progress, messages and
+errors go to stderr, so `--json | jq` is never polluted. Heavy libraries (git, fabric,
+paramiko) are imported only inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from . import __version__
+from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, PatchsetError, UsageError
+from .model import Series
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="A quilt-style patch queue for SGLang: strict series, atomic apply, "
+                       "exact revert, status and drift.")
+
+SeriesOpt = typer.Option(None, "--series", help="patches.yaml to use "
+                         "[default: ./patches.yaml or $PATCHSET_SERIES]")
+TierOpt = typer.Option(None, "--tier", help="safe | moderate | risky (cumulative)")
+PathOpt = typer.Option(None, "--path", help="prefill | decode | both")
+OnlyOpt = typer.Option(None, "--only", help="only these patches (A,B or repeated)")
+ExcludeOpt = typer.Option(None, "--exclude", help="leave these patches out (A,B or repeated)")
+JsonOpt = typer.Option(False, "--json", help="machine-readable output on stdout")
+TargetOpt = typer.Option(None, "--target", help="tree to manage on localhost "
+                         "[default: the provisioned tree under $PATCHSET_HOME]")
+LockWaitOpt = typer.Option(0.0, "--lock-wait", help="seconds to wait for another patchset "
+                           "run on the same target")
+
+
+# ---------------------------------------------------------------- rendering helpers
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _say(message: str) -> None:
+    _console(stderr=True).print(message, markup=False)
+
+
+class RichProgress:
+    """Progress on a TTY (stderr); one plain line per task when piped."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def task(self, description: str, total: int | None = None):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def _task():
+            if not self.tty:
+                print(f"{description} ...", file=sys.stderr, flush=True)
+                yield lambda n: None
+                return
+            from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn,
+                                       TextColumn, TimeElapsedColumn)
+            columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                       TimeElapsedColumn()]
+            with Progress(*columns, console=_console(stderr=True), transient=True) as bar:
+                task = bar.add_task(description, total=total)
+                yield lambda n: bar.advance(task, n)
+        return _task()
+
+
+# ---------------------------------------------------------------- shared plumbing
+
+def _series(path: Optional[Path]) -> Series:
+    from .manifest import load_series
+    from .paths import default_series
+    return load_series(path or default_series())
+
+
+def _selection(tier, path, only, exclude):
+    from .selection import Selection, parse_names
+    return Selection(tier=tier, path=path, only=parse_names(only), exclude=parse_names(exclude))
+
+
+def _transport(series: Series, host: str, target: Optional[Path]):
+    """Resolve HOST to a transport; localhost gets the provisioned default tree."""
+    if host not in ("localhost", "local"):
+        raise UsageError(f"host {host!r}: remote hosts are not supported by this build yet; "
+                         "use localhost (with --target DIR for another tree)")
+    from deploy.local import LocalTransport
+    return LocalTransport(target or _default_local_target(series), host="localhost")
+
+
+def _default_local_target(series: Series) -> Path:
+    from .paths import default_target
+    path = default_target(series.upstream)
+    if not path.exists():
+        from .upstream import materialize, provision
+        base = provision(series.upstream, progress=RichProgress())
+        _say(f"provisioning {series.upstream.name} {series.upstream.version} at {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        materialize(base, path, layout="git")
+    return path
+
+
+# ---------------------------------------------------------------- commands
+
+@app.command("list")
+def list_cmd(tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+             as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """List the series (filtered by --tier/--path), in series order."""
+    from .api import list_patches
+    s = _series(series)
+    patches = list_patches(s, tier, path)
+    if as_json:
+        _emit_json([_patch_json(p) for p in patches])
+        return
+    from rich.table import Table
+    table = Table("#", "name", "tier", "path", "gate", "depends", "upstream", "summary")
+    order = {p.name: i for i, p in enumerate(s.patches, start=1)}
+    for p in patches:
+        gate = f"{p.gate.env}={p.gate.on}" if p.gate else "-"
+        table.add_row(str(order[p.name]), p.name, p.tier, p.path, gate,
+                      ",".join(p.depends) or "-", p.upstream_status, p.summary)
+    _console().print(table)
+
+
+def _patch_json(p) -> dict:
+    data = asdict(p)
+    data["requires"] = [asdict(r) for r in p.requires]
+    return data
+
+
+@app.command()
+def show(name: str, series: Optional[Path] = SeriesOpt,
+         as_json: bool = JsonOpt) -> None:
+    """Show one patch: metadata, header, files with diffstat, highlighted diff."""
+    from .api import show as show_patch
+    view = show_patch(_series(series), name)
+    if as_json:
+        _emit_json({**_patch_json(view.patch), "diff": view.diff})
+        return
+    _render_show(view)
+
+
+def _render_show(view) -> None:
+    from rich.syntax import Syntax
+    console = _console()
+    p = view.patch
+    console.print(f"[bold]{p.name}[/bold]  tier={p.tier} path={p.path} "
+                  f"gate={(p.gate.env + '=' + p.gate.on) if p.gate else 'none'} "
+                  f"upstream={p.upstream_status}")
+    for key, value in p.header.items():
+        console.print(f"{key}: {value}", markup=False)
+    for req in p.requires:
+        console.print(f"requires {req.fact} {req.op} {req.value!r}  {req.why}", markup=False)
+    total_add = sum(c.added for c in p.files)
+    total_del = sum(c.removed for c in p.files)
+    for c in p.files:
+        console.print(f" {c.path} | +{c.added} -{c.removed}", markup=False)
+    console.print(f" {len(p.files)} file(s) changed, {total_add} insertions(+), "
+                  f"{total_del} deletions(-)")
+    console.print(Syntax(view.diff, "diff", theme="ansi_dark", word_wrap=False))
+
+
+@app.command()
+def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
+              False, "--exhaustive", help="try every dependency-closed subset"),
+          offline: bool = typer.Option(False, "--offline", help="never touch the network"),
+          series: Optional[Path] = SeriesOpt) -> None:
+    """Validate the manifest and apply every selection on the pinned base (zero fuzz)."""
+    from . import api
+    from .upstream import provision
+    s = _series(series)
+    base = provision(s.upstream, progress=RichProgress(), offline=offline)
+    report = api.check(s, _blob_reader(base), f"{base.commit} ({base.source})", exhaustive)
+    if as_json:
+        _emit_json({"ok": report.ok, **asdict(report)})
+    else:
+        _render_check(report)
+    if not report.ok:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _blob_reader(base):
+    import subprocess
+
+    def read(path: str) -> bytes | None:
+        proc = subprocess.run(["git", "cat-file", "blob", f"{base.commit}:{path}"],
+                              cwd=base.repo, capture_output=True)
+        return proc.stdout if proc.returncode == 0 else None
+    return read
+
+
+def _render_check(report) -> None:
+    console = _console()
+    console.print(f"manifest {report.manifest}: valid")
+    console.print(f"base {report.base}")
+    bad = [p for p in report.preimages if not p.ok]
+    console.print(f"pre-images: {len(report.preimages) - len(bad)}/{len(report.preimages)} "
+                  "match the pin")
+    for p in bad:
+        console.print(f"  MISMATCH {p.path}: recorded {p.recorded} found {p.found}", markup=False)
+    for sel in report.selections:
+        mark = "ok  " if sel.ok else "FAIL"
+        console.print(f"  {mark} {','.join(sel.names) or '(empty)'}"
+                      f"{'' if sel.ok else ': ' + str(sel.error)}", markup=False)
+    console.print("check passed" if report.ok else "check FAILED")
+
+
+@app.command("plan")
+def plan_cmd(host: Optional[str] = typer.Argument(None, help="host (for display only)"),
+             tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+             only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
+             as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Show which patches a selection takes and why each is in or out."""
+    from .selection import plan
+    result = plan(_series(series), _selection(tier, path, only, exclude))
+    if as_json:
+        _emit_json({"selected": list(result.names),
+                    "decisions": [asdict(d) for d in result.decisions]})
+        return
+    console = _console()
+    for d in result.decisions:
+        mark = "+" if d.selected else "-"
+        console.print(f"{mark} {d.name:<28} {d.reason}", markup=False)
+    console.print(f"{len(result.names)} of {len(result.decisions)} patches selected"
+                  f"{' for ' + host if host else ''}")
+
+
+@app.command()
+def apply(hosts: List[str] = typer.Argument(..., help="localhost (or HOST...)"),
+          tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+          only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
+          dry_run: bool = typer.Option(False, "--dry-run", help="plan and verify, change nothing"),
+          target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+          as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Make each host run exactly the selected patches, atomically."""
+    from . import api
+    from .selection import plan
+    s = _series(series)
+    selected = plan(s, _selection(tier, path, only, exclude))
+    transports = [_transport(s, h, target) for h in hosts]
+    results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait)
+    _finish(results, as_json, "apply")
+
+
+def _finish(results, as_json: bool, verb: str) -> None:
+    if as_json:
+        _emit_json([asdict(r) for r in results])
+    for r in results:
+        _say(_result_line(r, verb))
+        if r.details and not as_json:
+            _say(r.details)
+    code = max((r.exit_code for r in results), default=0)
+    if code:
+        raise typer.Exit(code)
+
+
+def _result_line(r, verb: str) -> str:
+    if not r.ok:
+        return f"{r.host}: {verb} FAILED: {r.error}"
+    recovered = " (finished an interrupted transaction first)" if r.recovered else ""
+    if r.dry_run:
+        return f"{r.host}: would change {r.before} -> {r.after}"
+    if not r.changed:
+        return f"{r.host}: unchanged, applied: {', '.join(r.after) or 'none'}{recovered}"
+    head = f" head {r.head[:12]}" if r.head else ""
+    return (f"{r.host}: {verb} done, applied: {', '.join(r.after) or 'none'}{head}"
+            f"{recovered}")
+
+
+@app.command()
+def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
+           host: Optional[str] = typer.Option(None, "--host", help="[default: localhost]"),
+           with_dependents: bool = typer.Option(False, "--with-dependents",
+                                                help="also revert patches that depend on it"),
+           target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+           as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Take patches out of a host's tree and keep the rest, exactly."""
+    from . import api
+    s = _series(series)
+    result = api.revert(s, names, _transport(s, host or "localhost", target),
+                        with_dependents=with_dependents, lock_wait=lock_wait)
+    _finish([result], as_json, "revert")
+
+
+@app.command()
+def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: localhost]"),
+           target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt,
+           series: Optional[Path] = SeriesOpt) -> None:
+    """Base, applied patches, drift and state version of each host's tree."""
+    from . import api
+    s = _series(series)
+    states = []
+    for host in hosts or ["localhost"]:
+        transport = _transport_for_status(s, host, target)
+        states.append(api.status(s, transport))
+    if as_json:
+        _emit_json(states)
+    else:
+        for state in states:
+            _render_status(state)
+    if any(api.has_findings(st) for st in states):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _transport_for_status(s: Series, host: str, target: Optional[Path]):
+    """Status never provisions: it reports what is there."""
+    if host in ("localhost", "local") and target is None:
+        from deploy.local import LocalTransport
+        from .paths import default_target
+        path = default_target(s.upstream)
+        if not path.exists():
+            raise UsageError(f"localhost: no tree at {path} yet; run "
+                             "`patchset apply --tier safe localhost` to provision it")
+        return LocalTransport(path)
+    return _transport(s, host, target)
+
+
+def _render_status(st: dict) -> None:
+    console = _console()
+    console.print(f"[bold]{st['host']}[/bold] {st['target']} ({st['kind']} tree, "
+                  f"{st['layout']} layout)")
+    console.print(f"  base: {st['pinned_base']}"
+                  + (f", commit {st['base']['commit'][:12]}" if st.get('base') and
+                     st['base'].get('commit') else ""), markup=False)
+    console.print(f"  state version: {st['state_version'] or '-'}  tool {st['tool_version'] or '-'}"
+                  f"  updated {st['updated'] or '-'}", markup=False)
+    applied = st["applied"]
+    console.print(f"  applied ({len(applied)}): "
+                  + (", ".join(a["name"] for a in applied) or "none"), markup=False)
+    for key, label in (("drift", "drift"), ("dirty", "uncommitted"),
+                       ("foreign_commits", "foreign commits")):
+        for item in st.get(key) or []:
+            text = item["path"] if isinstance(item, dict) else item
+            console.print(f"  [red]{label}[/red]: {text}")
+    if st.get("interrupted"):
+        i = st["interrupted"]
+        console.print(f"  [yellow]interrupted {i['op']} ({i['id']}): {i['next']}[/yellow]")
+    if st.get("locked_by"):
+        console.print(f"  locked by {st['locked_by']}", markup=False)
+    if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted")):
+        console.print("  clean")
+
+
+@app.command()
+def provision(offline: bool = typer.Option(False, "--offline"),
+              series: Optional[Path] = SeriesOpt, as_json: bool = JsonOpt) -> None:
+    """Fetch the pinned upstream into the local cache (git, else the verified PyPI wheel)."""
+    from .upstream import provision as do_provision
+    s = _series(series)
+    base = do_provision(s.upstream, progress=RichProgress(), offline=offline)
+    if as_json:
+        _emit_json({"repo": str(base.repo), "commit": base.commit, "source": base.source,
+                    "ref": base.ref})
+    else:
+        _console().print(f"{s.upstream.name} {s.upstream.version}: {base.commit} "
+                         f"from {base.source} in {base.repo}", markup=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the patchset version."""
+    print(__version__)
+
+
+# ---------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> int:
+    """One top-level handler: expected errors are one line; others a short trace + log."""
+    try:
+        code = app(args=argv, prog_name="patchset", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except PatchsetError as exc:
+        print(f"patchset: error: {exc}", file=sys.stderr)
+        details = getattr(exc, "details", "")
+        if details:
+            print(details, file=sys.stderr)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the one place that catches everything
+        return _unexpected(exc)
+
+
+def _unexpected(exc: BaseException) -> int:
+    import click
+    if isinstance(exc, click.exceptions.Abort):
+        print("patchset: aborted", file=sys.stderr)
+        return 130
+    if isinstance(exc, click.ClickException):
+        exc.show()
+        return EXIT_BAD_INPUT
+    from .paths import data_home
+    log = data_home() / "debug.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(traceback.format_exc())
+    except OSError:
+        pass
+    short = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    print(f"patchset: internal error: {short} (full trace in {log})", file=sys.stderr)
+    return 70
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,666 @@
+"""The engine: changes one SGLang tree, on the machine where the tree is.
+
+Standard library only: the controller ships this file (with the selected patch files and
+a JSON request) to GPU hosts that have just python3 and git, runs it there and reads one
+JSON object back; the local transport calls `run()` directly. Keeping the whole
+transaction on the host is what makes it atomic and one round trip.
+
+A transaction never touches the tree until the result is fully built off to the side:
+  1. lock the target; finish any transaction a kill interrupted (journal roll-forward);
+  2. refuse a dirty tree (hand edits are never lost) or a tree that is not the pinned base;
+  3. rebuild every touched file from the base plus the desired patches in a staging dir,
+     checking each file's pre-image and post-image blob ids (zero fuzz, no silent no-op);
+  4. on a git tree, write one commit per patch (trailers Patchset-Name/Patchset-Sha256)
+     with a private index, deterministically, without touching the work tree;
+  5. write the journal, switch each file with os.replace, move HEAD, write the state,
+     drop the journal. A kill anywhere in 5 leaves every file old or new and a journal
+     that the next command rolls forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+STATE_FORMAT = 1
+META = ".patchset"
+AUTHOR = ("patchset", "patchset@localhost")
+DIFF_LINES = 80
+
+
+class EngineError(Exception):
+    """An expected refusal; `kind` maps to the controller's error classes."""
+
+    def __init__(self, message: str, kind: str = "target", details: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.details = kind, details
+
+
+# ---------------------------------------------------------------- small helpers
+
+def blob_id(data: bytes) -> str:
+    """The git blob id of `data`: how files are named in patches and state."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def file_blob(path: Path) -> str | None:
+    return blob_id(path.read_bytes()) if path.is_file() else None
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json(path: Path, value: Any) -> None:
+    write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise EngineError(f"{path} is corrupt ({exc}); move it aside and re-apply") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def crash_point(label: str) -> None:
+    """Fault injection for the kill-at-any-point tests: PATCHSET_TEST_CRASH_AT=label."""
+    if os.environ.get("PATCHSET_TEST_CRASH_AT") == label:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ, LC_ALL="C", LANG="C", GIT_TERMINAL_PROMPT="0",
+               GIT_CONFIG_NOSYSTEM="1")
+    env.update(extra or {})
+    return env
+
+
+def git(cwd: Path, *args: str, data: bytes | None = None,
+        env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, input=data, capture_output=True,
+                          env=git_env(env))
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise EngineError(f"git {args[0]} failed in {cwd}: {err[-1] if err else proc.returncode}",
+                          details=proc.stderr.decode(errors="replace"))
+    return proc.stdout.decode(errors="replace")
+
+
+# ---------------------------------------------------------------- the target
+
+class Target:
+    """One SGLang tree: a git checkout (python/sglang/...) or a plain wheel-layout dir."""
+
+    def __init__(self, root: str, git_prefix: str, package: str) -> None:
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise EngineError(f"target {root} does not exist or is not a directory", "usage")
+        self.prefix = git_prefix
+        self.is_git = (self.root / ".git").exists()
+        self.layout = self._layout(root, package)
+        self.meta = self.root / META
+
+    def _layout(self, root: str, package: str) -> str:
+        if (self.root / self.prefix / package).is_dir():
+            return "git"
+        if (self.root / package).is_dir():
+            return "wheel"
+        raise EngineError(f"target {root} holds no {package} tree (expected "
+                          f"{self.prefix}{package}/ or {package}/ inside it)", "usage")
+
+    def disk(self, path: str) -> Path:
+        """Where a git-layout path lives in this tree."""
+        if self.layout == "wheel" and path.startswith(self.prefix):
+            path = path[len(self.prefix):]
+        return self.root / path
+
+    @property
+    def state_file(self) -> Path:
+        return self.meta / "state.json"
+
+    @property
+    def journal_file(self) -> Path:
+        return self.meta / "journal.json"
+
+    def state(self) -> dict | None:
+        state = read_json(self.state_file)
+        if state is not None and state.get("format") != STATE_FORMAT:
+            raise EngineError(f"{self.state_file} has state format {state.get('format')}; "
+                              f"this patchset reads {STATE_FORMAT}: upgrade patchset")
+        return state
+
+    def ensure_meta(self) -> None:
+        self.meta.mkdir(exist_ok=True)
+        (self.meta / "objects").mkdir(exist_ok=True)
+        (self.meta / "patches").mkdir(exist_ok=True)
+        if self.is_git:
+            exclude = Path(git(self.root, "rev-parse", "--git-path", "info/exclude").strip())
+            exclude = exclude if exclude.is_absolute() else self.root / exclude
+            text = exclude.read_text() if exclude.exists() else ""
+            if f"/{META}/" not in text.split("\n"):
+                exclude.parent.mkdir(parents=True, exist_ok=True)
+                exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n")
+                                   + f"/{META}/\n")
+
+    # content store: git objects on a git tree, .patchset/objects on a plain one
+    def read_blob(self, blob: str) -> bytes:
+        if self.is_git:
+            proc = subprocess.run(["git", "cat-file", "blob", blob], cwd=self.root,
+                                  capture_output=True, env=git_env())
+            if proc.returncode == 0:
+                return proc.stdout
+        path = self.meta / "objects" / blob[:2] / blob[2:]
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise EngineError(f"content {blob} is missing from {self.meta}; the state is "
+                              "damaged: restore the tree from the pin and re-apply") from None
+
+    def store_blob(self, data: bytes) -> str:
+        blob = blob_id(data)
+        path = self.meta / "objects" / blob[:2] / blob[2:]
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            write_atomic(path, data)
+        return blob
+
+    def head(self) -> str | None:
+        return git(self.root, "rev-parse", "HEAD").strip() if self.is_git else None
+
+    @contextlib.contextmanager
+    def lock(self, wait: float, op: str) -> Iterator[None]:
+        self.meta.mkdir(exist_ok=True)
+        handle = open(self.meta / "lock", "a+")
+        try:
+            self._acquire(handle, wait)
+            write_json(self.meta / "lock.json", {"pid": os.getpid(), "host": socket.gethostname(),
+                                                 "op": op, "since": _now()})
+            yield
+        finally:
+            handle.close()
+
+    def _acquire(self, handle: Any, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise EngineError(f"target {self.root} is locked by {self._holder()}; "
+                                      "wait for it to finish or pass --lock-wait SECONDS",
+                                      "locked") from None
+                time.sleep(0.1)
+
+    def _holder(self) -> str:
+        info = read_json(self.meta / "lock.json") or {}
+        return (f"patchset {info.get('op', '?')} (pid {info.get('pid', '?')} on "
+                f"{info.get('host', '?')}, since {info.get('since', '?')})")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---------------------------------------------------------------- drift and dirt
+
+def drift(target: Target, state: dict | None) -> list[dict]:
+    """Files the series manages whose content is not what the state says it should be."""
+    expected = state["files"] if state else {}
+    out = []
+    for path, blob in sorted(expected.items()):
+        found = file_blob(target.disk(path))
+        if found != blob:
+            out.append({"path": path, "expected": blob, "found": found})
+    return out
+
+
+def git_dirty(target: Target) -> list[str]:
+    if not target.is_git:
+        return []
+    out = git(target.root, "status", "--porcelain=v1", "--untracked-files=no")
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
+def foreign_commits(target: Target, state: dict | None) -> list[str]:
+    if not (target.is_git and state and state.get("head")):
+        return []
+    head = target.head()
+    if head == state["head"]:
+        return []
+    try:
+        out = git(target.root, "rev-list", "--oneline", f"{state['head']}..{head}")
+    except EngineError:
+        return [f"HEAD {head[:12]} does not descend from the applied head {state['head'][:12]}"]
+    return out.splitlines() or [f"HEAD moved from {state['head'][:12]} to {head[:12]}"]
+
+
+def show_diff(target: Target, drifted: list[dict]) -> str:
+    lines: list[str] = []
+    for item in drifted:
+        old = target.read_blob(item["expected"]) if item["expected"] else b""
+        new = target.disk(item["path"]).read_bytes() if item["found"] else b""
+        lines += difflib.unified_diff(old.decode(errors="replace").splitlines(),
+                                      new.decode(errors="replace").splitlines(),
+                                      f"a/{item['path']}", f"b/{item['path']}", lineterm="")
+    return "\n".join(lines[:DIFF_LINES] + (["..."] if len(lines) > DIFF_LINES else []))
+
+
+def refuse_if_dirty(target: Target, state: dict | None) -> None:
+    dirty = git_dirty(target)
+    if dirty:
+        diff = git(target.root, "diff", "--stat", "HEAD") + git(target.root, "diff", "HEAD")
+        raise EngineError(f"target {target.root} has uncommitted changes in "
+                          f"{', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''}: "
+                          "commit, stash or capture them first (nothing was changed)",
+                          details="\n".join(diff.splitlines()[:DIFF_LINES]))
+    foreign = foreign_commits(target, state)
+    if foreign:
+        raise EngineError(f"target {target.root} has commits on top of the patchset series "
+                          f"({foreign[0]}{' ...' if len(foreign) > 1 else ''}): revert them or "
+                          "capture them as patches first (nothing was changed)")
+    drifted = drift(target, state)
+    if drifted:
+        raise EngineError(f"target {target.root} has hand edits in "
+                          f"{', '.join(d['path'] for d in drifted[:5])}: restore or capture "
+                          "them first (nothing was changed)", details=show_diff(target, drifted))
+
+
+def verify_base(target: Target, base_files: dict[str, str | None]) -> None:
+    """First apply: every file the series touches must be the pin's pre-image."""
+    for path, blob in sorted(base_files.items()):
+        found = file_blob(target.disk(path))
+        if found != blob:
+            what = "missing" if found is None else f"blob {found[:12]}"
+            raise EngineError(f"target {target.root} is not the pinned base: {path} is {what}, "
+                              f"the pin has {blob[:12] if blob else 'no such file'} "
+                              "(provision the pinned upstream or point --target at it)")
+
+
+# ---------------------------------------------------------------- building the result
+
+class Staging:
+    """A scratch copy of every touched file in git layout, under .patchset/txn/."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.dir = target.meta / "txn"
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.work = self.dir / "work"
+        self.work.mkdir(parents=True)
+
+    def seed(self, paths: list[str], base_files: dict[str, str | None]) -> None:
+        for path in paths:
+            blob = base_files.get(path)
+            if blob:
+                dest = self.work / path
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(self.target.read_blob(blob))
+
+    def apply(self, spec: dict, patch_file: Path) -> None:
+        for change in spec["files"]:
+            self._expect(spec["name"], change["path"], change["pre"], "pre-image")
+        env = {"GIT_CEILING_DIRECTORIES": str(self.dir)}
+        args = ["apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve())]
+        try:
+            git(self.work, *args[:2], "--check", *args[2:], env=env)
+        except EngineError as exc:
+            raise EngineError(f"patch {spec['name']} does not apply: {exc}", "target",
+                              exc.details) from None
+        git(self.work, *args, env=env)
+        for change in spec["files"]:
+            self._expect(spec["name"], change["path"], change["post"], "post-image")
+        self._keep_objects(spec)
+
+    def _keep_objects(self, spec: dict) -> None:
+        """On a git tree every intermediate blob must exist for the per-patch commits."""
+        paths = [str(self.work / c["path"]) for c in spec["files"] if c["post"]]
+        if self.target.is_git and paths:
+            git(self.target.root, "hash-object", "-w", "--no-filters", "--", *paths)
+
+    def _expect(self, name: str, path: str, blob: str | None, what: str) -> None:
+        found = file_blob(self.work / path)
+        if found != blob:
+            raise EngineError(f"patch {name}: {path} {what} is "
+                              f"{found[:12] if found else 'absent'}, the patch records "
+                              f"{blob[:12] if blob else 'absent'} (series out of order, or the "
+                              "patch file does not match its index lines)")
+
+    def content(self, path: str) -> bytes | None:
+        file = self.work / path
+        return file.read_bytes() if file.is_file() else None
+
+
+def build(target: Target, desired: list[dict], bundle: Path, base_files: dict,
+          extra_paths: set[str]) -> tuple[Staging, list[list[tuple[str, str | None]]]]:
+    """Apply `desired` onto the base in staging; returns per-patch (path, new blob) steps."""
+    paths = sorted({c["path"] for s in desired for c in s["files"]} | extra_paths)
+    staging = Staging(target)
+    staging.seed(paths, base_files)
+    steps = []
+    for spec in desired:
+        staging.apply(spec, bundle / spec["file"])
+        steps.append([(c["path"], c["post"]) for c in spec["files"]])
+    return staging, steps
+
+
+def check_patch_file(spec: dict, bundle: Path) -> None:
+    path = bundle / spec["file"]
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        raise EngineError(f"patch file {spec['file']} missing from the bundle", "usage") from None
+    if digest != spec["sha256"]:
+        raise EngineError(f"patch {spec['name']}: file sha256 {digest[:12]} != "
+                          f"{spec['sha256'][:12]} (changed in transit?)", "usage")
+
+
+# ---------------------------------------------------------------- git commits
+
+def write_commits(target: Target, staging: Staging, base_commit: str, desired: list[dict],
+                  steps: list[list[tuple[str, str | None]]]) -> list[str]:
+    """One deterministic commit per patch, built with a private index (work tree untouched)."""
+    date = git(target.root, "log", "-1", "--format=%ct", base_commit).strip() + " +0000"
+    env = {"GIT_INDEX_FILE": str(staging.dir / "index"),
+           "GIT_AUTHOR_NAME": AUTHOR[0], "GIT_AUTHOR_EMAIL": AUTHOR[1], "GIT_AUTHOR_DATE": date,
+           "GIT_COMMITTER_NAME": AUTHOR[0], "GIT_COMMITTER_EMAIL": AUTHOR[1],
+           "GIT_COMMITTER_DATE": date}
+    git(target.root, "read-tree", base_commit, env=env)
+    parent, commits = base_commit, []
+    for spec, step in zip(desired, steps):
+        for path, blob in step:
+            _index_update(target, env, base_commit, path, blob)
+        tree = git(target.root, "write-tree", env=env).strip()
+        message = (f"{spec['name']}: {spec.get('summary', '')}\n\n"
+                   f"Patchset-Name: {spec['name']}\nPatchset-Sha256: {spec['sha256']}\n")
+        parent = git(target.root, "commit-tree", tree, "-p", parent, data=message.encode(),
+                     env=env).strip()
+        commits.append(parent)
+    return commits
+
+
+def _index_update(target: Target, env: dict, base: str, path: str, blob: str | None) -> None:
+    disk_path = str(target.disk(path).relative_to(target.root))
+    if blob is None:
+        git(target.root, "update-index", "--force-remove", "--", disk_path, env=env)
+        return
+    line = git(target.root, "ls-tree", base, "--", disk_path).split()
+    mode = line[0] if line else "100644"
+    git(target.root, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{disk_path}",
+        env=env)
+
+
+# ---------------------------------------------------------------- the switch
+
+def switch(target: Target, journal: dict) -> None:
+    """Make the staged result live. Re-runnable: recovery calls it again after a kill."""
+    staged = target.meta / "txn" / "work"
+    for number, (path, change) in enumerate(sorted(journal["files"].items())):
+        dest = target.disk(path)
+        if file_blob(dest) != change["new"]:
+            _install(dest, staged / path, change["new"])
+        crash_point(f"file:{number}")
+    if journal.get("new_head"):
+        head = target.head()
+        if head != journal["new_head"]:
+            git(target.root, "update-ref", "-m", "patchset", "HEAD", journal["new_head"], head)
+        crash_point("ref")
+        git(target.root, "reset", "-q", "--no-refresh")
+    write_json(target.state_file, journal["state"])
+    crash_point("state")
+    target.journal_file.unlink()
+    shutil.rmtree(target.meta / "txn", ignore_errors=True)
+
+
+def _install(dest: Path, source: Path, blob: str | None) -> None:
+    if blob is None:
+        dest.unlink(missing_ok=True)
+        return
+    data = source.read_bytes()
+    if blob_id(data) != blob:
+        raise EngineError(f"staged {source} does not match the journal; the transaction "
+                          "cannot be finished: restore the tree from the pin")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    mode = dest.stat().st_mode & 0o7777 if dest.exists() else 0o644
+    tmp = dest.with_name(f".{dest.name}.patchset-new")
+    tmp.write_bytes(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, dest)
+
+
+def recover(target: Target) -> dict | None:
+    """Finish a transaction a kill interrupted; refuse if someone edited its files since."""
+    journal = read_json(target.journal_file)
+    if journal is None:
+        shutil.rmtree(target.meta / "txn", ignore_errors=True)  # killed before the journal
+        return None
+    for path, change in sorted(journal["files"].items()):
+        found = file_blob(target.disk(path))
+        if found not in (change["old"], change["new"]):
+            raise EngineError(f"an interrupted {journal['op']} left {path} changed by hand since "
+                              f"(not {str(change['old'])[:12]} nor {str(change['new'])[:12]}): "
+                              "restore it, then run the command again")
+    switch(target, journal)
+    return {"op": journal["op"], "id": journal["id"], "finished": True}
+
+
+# ---------------------------------------------------------------- operations
+
+def transition(target: Target, request: dict, desired: list[dict], bundle: Path) -> dict:
+    """Move the target from its current state to base + `desired` (in order)."""
+    state = target.state()
+    refuse_if_dirty(target, state)
+    base_files = state["base"]["files"] if state else request["base_files"]
+    if state is None:
+        verify_base(target, base_files)
+    current = [(a["name"], a["sha256"]) for a in (state or {}).get("applied", [])]
+    if state is not None and current == [(s["name"], s["sha256"]) for s in desired]:
+        return _result(target, state, changed=False, before=current)
+    for spec in desired:
+        check_patch_file(spec, bundle)
+    if request.get("dry_run"):
+        return {"changed": True, "dry_run": True, "before": [n for n, _ in current],
+                "after": [s["name"] for s in desired]}
+    target.ensure_meta()
+    _store_base(target, state, base_files)
+    staging, steps = build(target, desired, bundle, base_files, set(base_files))
+    crash_point("staged")
+    new_state = _new_state(target, request, state, base_files, desired, staging)
+    journal = _journal(target, request, state, desired, staging, steps, new_state)
+    write_json(target.journal_file, journal)
+    crash_point("journal")
+    switch(target, journal)
+    return _result(target, new_state, changed=True, before=current)
+
+
+def _store_base(target: Target, state: dict | None, base_files: dict) -> None:
+    """Keep the pristine pre-images of a plain tree, so any later revert is exact."""
+    if state is None and not target.is_git:
+        for path, blob in base_files.items():
+            if blob:
+                target.store_blob(target.disk(path).read_bytes())
+
+
+def _new_state(target: Target, request: dict, state: dict | None, base_files: dict,
+               desired: list[dict], staging: Staging) -> dict:
+    files = {path: (blob_id(c) if (c := staging.content(path)) is not None else None)
+             for path in sorted(set(base_files) | {c["path"] for s in desired for c in s["files"]})}
+    return {
+        "format": STATE_FORMAT, "tool_version": request.get("tool_version", "?"),
+        "updated": _now(), "kind": "git" if target.is_git else "plain", "layout": target.layout,
+        "upstream": request.get("upstream") if state is None else state["upstream"],
+        "base": {"commit": (state or {}).get("base", {}).get("commit") or target.head(),
+                 "files": base_files},
+        "applied": [{k: s.get(k) for k in ("name", "sha256", "summary", "depends", "gate",
+                                           "path", "tier", "files")} for s in desired],
+        "head": None, "files": files,
+    }
+
+
+def _journal(target: Target, request: dict, state: dict | None, desired: list[dict],
+             staging: Staging, steps: list, new_state: dict) -> dict:
+    for spec in desired:
+        _keep_patch_copy(target, spec, staging)
+    old = state["files"] if state else request["base_files"]
+    files = {p: {"old": old.get(p), "new": b} for p, b in new_state["files"].items()
+             if old.get(p) != b}
+    new_head = None
+    if target.is_git:
+        commits = write_commits(target, staging, new_state["base"]["commit"], desired, steps)
+        for applied, commit in zip(new_state["applied"], commits):
+            applied["commit"] = commit
+        new_head = commits[-1] if commits else new_state["base"]["commit"]
+        new_state["head"] = new_head
+    else:
+        for path in new_state["files"]:
+            if (data := staging.content(path)) is not None:
+                target.store_blob(data)
+    return {"id": f"{int(time.time())}-{os.getpid()}", "op": request["op"], "files": files,
+            "old_head": target.head(), "new_head": new_head, "state": new_state}
+
+
+def _keep_patch_copy(target: Target, spec: dict, staging: Staging) -> None:
+    dest = target.meta / "patches" / f"{spec['sha256']}.patch"
+    if not dest.exists():
+        write_atomic(dest, Path(spec["_source"]).read_bytes())
+
+
+def _result(target: Target, state: dict, changed: bool, before: list) -> dict:
+    return {"changed": changed, "before": [n for n, _ in before],
+            "after": [a["name"] for a in state["applied"]], "head": state.get("head"),
+            "target": str(target.root)}
+
+
+def op_apply(target: Target, request: dict, bundle: Path) -> dict:
+    desired = [dict(s, _source=str(bundle / s["file"])) for s in request["patches"]]
+    return transition(target, request, desired, bundle)
+
+
+def op_revert(target: Target, request: dict, bundle: Path) -> dict:
+    state = target.state()
+    applied = (state or {}).get("applied", [])
+    names = [a["name"] for a in applied]
+    remove = set(request["names"])
+    missing = sorted(remove - set(names))
+    if missing:
+        raise EngineError(f"{', '.join(missing)} not applied on {target.root} "
+                          f"(applied: {', '.join(names) or 'none'})", "usage")
+    dependents = _dependents(applied, remove)
+    if dependents and not request.get("with_dependents"):
+        raise EngineError(f"{', '.join(dependents)} depend(s) on {', '.join(sorted(remove))}; "
+                          "revert those too with --with-dependents", "usage")
+    remove |= set(dependents)
+    patches = target.meta / "patches"
+    desired = [dict(a, file=f"{a['sha256']}.patch", _source=str(patches / f"{a['sha256']}.patch"))
+               for a in applied if a["name"] not in remove]
+    result = transition(target, request, desired, patches)
+    result["reverted"] = [n for n in names if n in remove]
+    return result
+
+
+def _dependents(applied: list[dict], remove: set[str]) -> list[str]:
+    out: list[str] = []
+    gone = set(remove)
+    for item in applied:
+        if item["name"] not in gone and set(item.get("depends") or ()) & gone:
+            gone.add(item["name"])
+            out.append(item["name"])
+    return out
+
+
+def op_status(target: Target) -> dict:
+    """Read-only: never takes the lock, never repairs; says what the next command will do."""
+    state = target.state()
+    journal = read_json(target.journal_file)
+    return {
+        "target": str(target.root), "kind": "git" if target.is_git else "plain",
+        "layout": target.layout, "managed": state is not None,
+        "state_version": state["format"] if state else None,
+        "tool_version": state.get("tool_version") if state else None,
+        "updated": state.get("updated") if state else None,
+        "upstream": state.get("upstream") if state else None,
+        "base": state["base"] if state else None,
+        "applied": [{k: a.get(k) for k in ("name", "sha256", "commit", "gate", "path", "tier")}
+                    for a in (state or {}).get("applied", [])],
+        "head": target.head(),
+        "drift": [] if journal else drift(target, state),
+        "dirty": git_dirty(target),
+        "foreign_commits": foreign_commits(target, state) if not journal else [],
+        "interrupted": ({"op": journal["op"], "id": journal["id"],
+                         "files": len(journal["files"]),
+                         "next": "the next apply or revert finishes it"} if journal else None),
+        "locked_by": _lock_holder(target),
+    }
+
+
+def _lock_holder(target: Target) -> str | None:
+    path = target.meta / "lock"
+    if not path.exists():
+        return None
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return target._holder()
+
+
+def run(request: dict, bundle: str | Path = ".") -> dict:
+    """Execute one request; always returns a JSON-able dict (errors included)."""
+    try:
+        target = Target(request["target"], request.get("git_prefix", "python/"),
+                        request.get("package", "sglang"))
+        if request["op"] == "status":
+            return {"ok": True, **op_status(target)}
+        ops = {"apply": op_apply, "revert": op_revert}
+        if request["op"] not in ops:
+            raise EngineError(f"unknown op {request['op']!r}", "usage")
+        with target.lock(float(request.get("lock_wait", 0)), request["op"]):
+            recovered = recover(target)
+            result = ops[request["op"]](target, request, Path(bundle))
+        return {"ok": True, "recovered": recovered, **result}
+    except EngineError as exc:
+        return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
+                                       "details": exc.details}}
+
+
+def main(argv: list[str]) -> int:
+    """`python3 engine.py BUNDLE_DIR`: reads BUNDLE_DIR/request.json, prints the result."""
+    bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
+    request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
+    json.dump(run(request, bundle), sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,279 @@
+"""Load and strictly validate patches.yaml and the patch files it names.
+
+Everything is checked before anything touches a tree: bad input must change nothing.
+Each error is one line naming file, line and field (ManifestError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from . import patchfile, yamlsrc
+from .errors import ManifestError
+from .model import (FACT_NAMESPACES, PATHS, REQUIRE_OPS, TIERS, UPSTREAM_STATUSES, Gate,
+                    GitPin, Patch, PypiPin, Requirement, Series, UpstreamPin)
+from .yamlsrc import Located
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+TOP_KEYS = {"version": False, "upstream": True, "series": True}
+UPSTREAM_KEYS = {"name": True, "version": True, "git": False, "pypi": False, "layout": False}
+GIT_KEYS = {"url": True, "ref": True}
+PYPI_KEYS = {"requirement": True, "file": True, "sha256": True, "python_version": True,
+             "platform": True}
+LAYOUT_KEYS = {"git_prefix": True}
+PATCH_KEYS = {"name": True, "file": True, "summary": True, "tier": True, "path": True,
+              "gate": False, "requires": False, "depends": False, "conflicts": False,
+              "upstream_status": True, "evidence": False}
+GATE_KEYS = {"env": True, "on": True}
+REQUIRE_KEYS = {"fact": True, "op": True, "value": True, "why": False}
+MANIFEST_VERSION = 1
+
+
+def load_series(manifest: str | Path) -> Series:
+    path = Path(manifest)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(str(path), None, "(file)", "not found (run from the series "
+                            "directory or pass --series PATH)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(str(path), None, "(file)", f"cannot read: {exc}") from None
+    doc = yamlsrc.load(text, str(path))
+    _keys(doc, (), doc.data, TOP_KEYS)
+    version = doc.data.get("version", MANIFEST_VERSION)
+    if version != MANIFEST_VERSION:
+        raise doc.error(("version",), f"unsupported manifest version {version!r} "
+                        f"(this patchset reads version {MANIFEST_VERSION})")
+    upstream = _upstream(doc)
+    patches = _patches(doc, path.parent, upstream.git_prefix)
+    _check_references(doc, patches)
+    return Series(manifest=str(path), root=str(path.parent), upstream=upstream,
+                  patches=tuple(patches))
+
+
+def _keys(doc: Located, where: tuple, value: Any, allowed: dict[str, bool]) -> dict:
+    if not isinstance(value, dict):
+        raise doc.error(where, f"must be a mapping, got {type(value).__name__}")
+    for key in value:
+        if key not in allowed:
+            raise doc.error(where + (key,), f"unknown key (allowed: {', '.join(allowed)})")
+    for key, required in allowed.items():
+        if required and key not in value:
+            raise doc.error(where, f"missing required key {key!r}")
+    return value
+
+
+def _string(doc: Located, where: tuple, value: Any, pattern: re.Pattern | None = None,
+            choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str) or not value:
+        raise doc.error(where, f"must be a non-empty string, got {value!r}")
+    if choices and value not in choices:
+        raise doc.error(where, f"{value!r} is not one of {', '.join(choices)}")
+    if pattern and not pattern.match(value):
+        raise doc.error(where, f"{value!r} does not match {pattern.pattern}")
+    return value
+
+
+def _upstream(doc: Located) -> UpstreamPin:
+    where = ("upstream",)
+    up = _keys(doc, where, doc.data["upstream"], UPSTREAM_KEYS)
+    git = pypi = None
+    if up.get("git") is not None:
+        g = _keys(doc, where + ("git",), up["git"], GIT_KEYS)
+        git = GitPin(url=_string(doc, where + ("git", "url"), g["url"]),
+                     ref=_string(doc, where + ("git", "ref"), g["ref"]))
+    if up.get("pypi") is not None:
+        p = _keys(doc, where + ("pypi",), up["pypi"], PYPI_KEYS)
+        w = where + ("pypi",)
+        pypi = PypiPin(requirement=_string(doc, w + ("requirement",), p["requirement"]),
+                       file=_string(doc, w + ("file",), p["file"]),
+                       sha256=_string(doc, w + ("sha256",), p["sha256"], SHA256),
+                       python_version=_string(doc, w + ("python_version",), str(p["python_version"])),
+                       platform=_string(doc, w + ("platform",), p["platform"]))
+        if "/" in pypi.file or pypi.file.startswith("."):
+            raise doc.error(w + ("file",), f"{pypi.file!r} must be a bare file name")
+    if git is None and pypi is None:
+        raise doc.error(where, "needs `git` or `pypi` (or both) to provision the base")
+    prefix = "python/"
+    if up.get("layout") is not None:
+        layout = _keys(doc, where + ("layout",), up["layout"], LAYOUT_KEYS)
+        prefix = _string(doc, where + ("layout", "git_prefix"), layout["git_prefix"])
+        if not prefix.endswith("/") or ".." in prefix.split("/") or prefix.startswith("/"):
+            raise doc.error(where + ("layout", "git_prefix"),
+                            f"{prefix!r} must be a relative directory ending in '/'")
+    return UpstreamPin(name=_string(doc, where + ("name",), up["name"], NAME),
+                       version=_string(doc, where + ("version",), str(up["version"])),
+                       git=git, pypi=pypi, git_prefix=prefix)
+
+
+def _patches(doc: Located, root: Path, git_prefix: str) -> list[Patch]:
+    entries = doc.data["series"]
+    if not isinstance(entries, list):
+        raise doc.error(("series",), "must be a list of patches")
+    patches: list[Patch] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        patch = _patch(doc, ("series", index), entry, root, git_prefix)
+        if patch.name in seen:
+            raise doc.error(("series", index, "name"),
+                            f"duplicate patch name {patch.name!r} (first at line {seen[patch.name]})")
+        seen[patch.name] = patch.line
+        patches.append(patch)
+    return patches
+
+
+def _patch(doc: Located, where: tuple, entry: Any, root: Path, git_prefix: str) -> Patch:
+    e = _keys(doc, where, entry, PATCH_KEYS)
+    name = _string(doc, where + ("name",), e["name"], NAME)
+    file = _patch_file_name(doc, where + ("file",), e["file"])
+    gate = _gate(doc, where + ("gate",), e.get("gate"))
+    data = _read_patch(doc, where + ("file",), root / file)
+    parsed = patchfile.parse(data.decode("utf-8"), str(root / file), git_prefix)
+    header_name = parsed.header.get("Patchset-Name")
+    if header_name != name:
+        raise ManifestError(str(root / file), 1, "header.Patchset-Name",
+                            f"{header_name!r} does not match the series name {name!r}")
+    evidence = e.get("evidence") or {}
+    if not isinstance(evidence, dict):
+        raise doc.error(where + ("evidence",), "must be a mapping")
+    return Patch(
+        name=name, file=file,
+        summary=_string(doc, where + ("summary",), e["summary"]),
+        tier=_string(doc, where + ("tier",), e["tier"], choices=TIERS),
+        path=_string(doc, where + ("path",), e["path"], choices=PATHS),
+        gate=gate,
+        requires=_requires(doc, where + ("requires",), e.get("requires")),
+        depends=_names(doc, where + ("depends",), e.get("depends")),
+        conflicts=_names(doc, where + ("conflicts",), e.get("conflicts")),
+        upstream_status=_string(doc, where + ("upstream_status",), e["upstream_status"],
+                                choices=UPSTREAM_STATUSES),
+        evidence=evidence, header=parsed.header, files=parsed.files,
+        sha256=hashlib.sha256(data).hexdigest(), line=doc.line(where) or 0,
+    )
+
+
+def _patch_file_name(doc: Located, where: tuple, value: Any) -> str:
+    file = _string(doc, where, value)
+    parts = file.split("/")
+    if file.startswith("/") or ".." in parts or "\\" in file:
+        raise doc.error(where, f"{file!r} must be a relative path inside the series directory")
+    if parts[0] != "patches" or len(parts) != 2 or not file.endswith(".patch"):
+        raise doc.error(where, f"{file!r} must be patches/<name>.patch")
+    return file
+
+
+def _read_patch(doc: Located, where: tuple, path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise doc.error(where, f"{path} does not exist") from None
+    except OSError as exc:
+        raise doc.error(where, f"cannot read {path}: {exc.strerror}") from None
+    if b"\0" in data:
+        raise doc.error(where, f"{path} is binary")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise doc.error(where, f"{path} is not UTF-8 text") from None
+    return data
+
+
+def _gate(doc: Located, where: tuple, value: Any) -> Gate | None:
+    if value is None:
+        return None
+    g = _keys(doc, where, value, GATE_KEYS)
+    on = g["on"]
+    if not isinstance(on, str):
+        raise doc.error(where + ("on",), f"must be a quoted string (e.g. \"1\"), got {on!r}")
+    return Gate(env=_string(doc, where + ("env",), g["env"], ENV_NAME),
+                on=_string(doc, where + ("on",), on))
+
+
+def _names(doc: Located, where: tuple, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise doc.error(where, "must be a list of patch names")
+    return tuple(_string(doc, where + (i,), v, NAME) for i, v in enumerate(value))
+
+
+def _requires(doc: Located, where: tuple, value: Any) -> tuple[Requirement, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise doc.error(where, "must be a list of {fact, op, value, why}")
+    return tuple(_requirement(doc, where + (i,), item) for i, item in enumerate(value))
+
+
+def _requirement(doc: Located, where: tuple, item: Any) -> Requirement:
+    r = _keys(doc, where, item, REQUIRE_KEYS)
+    fact = _string(doc, where + ("fact",), r["fact"])
+    namespace, _, name = fact.partition(".")
+    if namespace not in FACT_NAMESPACES or not name:
+        raise doc.error(where + ("fact",), f"{fact!r} must be <namespace>.<name> with "
+                        f"namespace one of {', '.join(FACT_NAMESPACES)}")
+    op = _string(doc, where + ("op",), r["op"], choices=REQUIRE_OPS)
+    value = r["value"]
+    if op in ("in", "not_in"):
+        if not isinstance(value, list) or not all(_scalar(v) for v in value):
+            raise doc.error(where + ("value",), f"op {op} needs a list of scalars")
+        value = tuple(value)
+    elif not _scalar(value):
+        raise doc.error(where + ("value",), f"op {op} needs a scalar value, got {value!r}")
+    why = r.get("why", "")
+    if not isinstance(why, str):
+        raise doc.error(where + ("why",), "must be a string")
+    return Requirement(fact=fact, op=op, value=value, why=why)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _check_references(doc: Located, patches: list[Patch]) -> None:
+    position = {p.name: i for i, p in enumerate(patches)}
+    for i, patch in enumerate(patches):
+        where = ("series", i)
+        for kind in ("depends", "conflicts"):
+            for j, other in enumerate(getattr(patch, kind)):
+                if other not in position:
+                    raise doc.error(where + (kind, j), f"unknown patch {other!r}")
+                if other == patch.name:
+                    raise doc.error(where + (kind, j), "a patch cannot name itself")
+        for j, req in enumerate(patch.requires):
+            target = req.fact.partition(".")[2]
+            if req.fact.startswith("patch.") and target not in position:
+                raise doc.error(where + ("requires", j, "fact"), f"unknown patch {target!r}")
+    _check_cycles(doc, patches)
+    for i, patch in enumerate(patches):
+        for j, dep in enumerate(patch.depends):
+            if position[dep] > i:
+                raise doc.error(("series", i, "depends", j),
+                                f"{dep!r} comes later in the series; dependencies must be below "
+                                "the patch that needs them")
+
+
+def _check_cycles(doc: Located, patches: list[Patch]) -> None:
+    graph = {p.name: p.depends for p in patches}
+    index = {p.name: i for i, p in enumerate(patches)}
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = trail[trail.index(name):] + [name]
+            raise doc.error(("series", index[cycle[0]], "depends"),
+                            f"dependency cycle: {' -> '.join(cycle)}")
+        state[name] = 1
+        for dep in graph[name]:
+            visit(dep, trail + [name])
+        state[name] = 2
+
+    for patch in patches:
+        visit(patch.name, [])

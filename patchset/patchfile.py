@@ -1,0 +1,162 @@
+"""Parse one patch file: a DEP-3 style header, then a git diff with full blob ids.
+
+The full `index <pre>..<post>` lines are what make apply verifiable: they record the exact
+pre-image each file must have (so zero fuzz is guaranteed, not hoped for) and the
+post-image it must end up with (so "applied" never means "changed nothing").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ManifestError
+from .model import FileChange
+
+HEADER_KEYS = (
+    "Description", "Subject", "Author", "From", "Origin", "Bug", "Forwarded",
+    "Applied-Upstream", "Reviewed-by", "Last-Update", "Upstream-Status", "Patchset-Name",
+)
+REQUIRED_HEADER = ("Author", "Forwarded", "Last-Update", "Patchset-Name")
+HEADER_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: ([0-7]{6}))?$")
+ZERO = "0" * 40
+
+
+@dataclass(frozen=True)
+class ParsedPatch:
+    header: dict[str, str]
+    files: tuple[FileChange, ...]
+    diff_offset: int          # 0-based line where the diff starts
+
+
+def parse(text: str, file: str, git_prefix: str) -> ParsedPatch:
+    """Validate and parse; every error names `file:line: field`."""
+    lines = text.split("\n")
+    start = _diff_start(lines, file)
+    header = _parse_header(lines[:start], file)
+    _check_raw_diff(lines, start, file)
+    files = _parse_diff("\n".join(lines[start:]), file, start, git_prefix)
+    return ParsedPatch(header=header, files=files, diff_offset=start)
+
+
+def _diff_start(lines: list[str], file: str) -> int:
+    for number, line in enumerate(lines):
+        if line.startswith("diff --git "):
+            return number
+    raise ManifestError(file, None, "diff", "no `diff --git` section: not a git patch "
+                        "(generate it with `git diff --full-index`)")
+
+
+def _parse_header(lines: list[str], file: str) -> dict[str, str]:
+    header: dict[str, str] = {}
+    key = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.strip() == "---":
+            key = None
+            continue
+        if line[0] in " \t" and key:
+            header[key] += "\n" + line.strip()
+            continue
+        match = HEADER_LINE.match(line)
+        if not match:
+            raise ManifestError(file, number, "header", f"not a `Key: value` line: {line[:60]!r}")
+        key, value = match.groups()
+        if key not in HEADER_KEYS:
+            raise ManifestError(file, number, f"header.{key}",
+                                f"unknown header field (allowed: {', '.join(HEADER_KEYS)})")
+        if key in header:
+            raise ManifestError(file, number, f"header.{key}", "duplicate header field")
+        header[key] = value.strip()
+    _check_header(header, file)
+    return header
+
+
+def _check_header(header: dict[str, str], file: str) -> None:
+    if not (header.get("Description") or header.get("Subject")):
+        raise ManifestError(file, 1, "header.Description", "missing (DEP-3 needs Description)")
+    for key in REQUIRED_HEADER:
+        if not header.get(key):
+            raise ManifestError(file, 1, f"header.{key}", "missing required header field")
+    if not DATE.match(header["Last-Update"]):
+        raise ManifestError(file, 1, "header.Last-Update",
+                            f"{header['Last-Update']!r} is not a YYYY-MM-DD date")
+
+
+def _check_raw_diff(lines: list[str], start: int, file: str) -> None:
+    """Things unidiff accepts silently but we refuse: binary, renames, short blob ids."""
+    for number in range(start, len(lines)):
+        line = lines[number]
+        if line.startswith("diff --git ") and _unsafe_header_path(line):
+            raise ManifestError(file, number + 1, "diff.path", f"{line!r} points outside the tree")
+        if line.startswith(("GIT binary patch", "Binary files ")):
+            raise ManifestError(file, number + 1, "diff", "binary diffs are not supported")
+        if line.startswith(("rename from ", "copy from ", "similarity index ")):
+            raise ManifestError(file, number + 1, "diff",
+                                "renames/copies are not supported (use `git diff --no-renames`)")
+        if line.startswith("index "):
+            match = INDEX_LINE.match(line)
+            if not match or len(match.group(1)) != 40 or len(match.group(2)) != 40:
+                raise ManifestError(file, number + 1, "diff.index",
+                                    "blob ids must be full 40-hex (use `git diff --full-index`)")
+
+
+def _unsafe_header_path(line: str) -> bool:
+    for word in line.split(" ")[2:]:
+        if word.startswith("/") or ".." in word.split("/") or "\\" in word:
+            return True
+    return False
+
+
+def _parse_diff(text: str, file: str, offset: int, git_prefix: str) -> tuple[FileChange, ...]:
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
+    try:
+        patch = PatchSet(text)
+    except UnidiffParseError as exc:
+        raise ManifestError(file, None, "diff", f"malformed diff: {exc}") from None
+    changes = []
+    seen: set[str] = set()
+    for patched in patch:
+        path = _checked_path(patched, file, offset, git_prefix)
+        if path in seen:
+            raise ManifestError(file, None, "diff", f"{path} appears twice in one patch")
+        seen.add(path)
+        changes.append(_file_change(patched, path, file))
+    if not changes:
+        raise ManifestError(file, None, "diff", "the diff changes no file")
+    return tuple(changes)
+
+
+def _checked_path(patched, file: str, offset: int, git_prefix: str) -> str:
+    names = {n for n in (patched.source_file, patched.target_file) if n and n != "/dev/null"}
+    for raw in names:
+        name = raw[2:] if raw[:2] in ("a/", "b/") else raw
+        if name.startswith("/") or ".." in name.split("/") or "\\" in name or not name:
+            raise ManifestError(file, None, "diff.path", f"{raw!r} points outside the tree")
+        if not name.startswith(git_prefix):
+            raise ManifestError(file, None, "diff.path",
+                                f"{name!r} is outside the upstream package prefix {git_prefix!r}")
+    return patched.path
+
+
+def _file_change(patched, path: str, file: str) -> FileChange:
+    pre, post = _blob_ids(patched, file)
+    if patched.is_added_file:
+        pre = None
+    if patched.is_removed_file:
+        post = None
+    return FileChange(path=path, pre=pre, post=post,
+                      added=patched.added, removed=patched.removed)
+
+
+def _blob_ids(patched, file: str) -> tuple[str | None, str | None]:
+    for line in str(patched).split("\n"):
+        match = INDEX_LINE.match(line)
+        if match:
+            pre, post = match.group(1), match.group(2)
+            return (None if pre == ZERO else pre), (None if post == ZERO else post)
+    raise ManifestError(file, None, "diff.index",
+                        f"{patched.path}: no `index` line (use `git diff --full-index`)")

@@ -1,0 +1,573 @@
+"""Provision the pinned upstream into a local cache, and lay it out as trees.
+
+One pin must give one base commit on every machine, online or not. So the base comes
+from git at the pinned ref where that is reachable (upstream's real commit), otherwise
+from the pinned PyPI wheel, verified by sha256 and imported with `git fast-import` in a
+hermetic environment (fixed identity, dates from the wheel, modes from the zip, no user
+or system git config), which makes the commit id a pure function of the wheel bytes.
+
+Cache layout (root: `cache_root()`):
+    wheels/<file>                  verified wheels, written by rename only
+    repos/<name>-<version>-<key>/  one non-bare repo per pin; `.git/patchset-base.json`
+    locks/<...>.lock               flock per pin, so concurrent runs build once
+    tmp/                           builds in progress; renamed into place when complete
+
+git runs through subprocess, not GitPython: GitPython's `execute()` always merges
+`os.environ`, so inherited GIT_DIR/GIT_INDEX_FILE/GIT_CONFIG_* (e.g. when run from a git
+hook) could not be removed, and determinism needs a fully controlled environment.
+"""
+
+from __future__ import annotations
+
+import calendar
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+from .errors import UpstreamError
+from .model import GitPin, PypiPin, UpstreamPin
+from .progress import Advance, NullProgress, Progress
+
+__all__ = ["BaseTree", "blob_ids", "cache_root", "fetch_wheel", "materialize", "provision"]
+
+IDENTITY = "patchset <patchset@invalid>"
+USER_NAME, USER_EMAIL = "patchset", "patchset@invalid"
+GIT_PROBE_TIMEOUT_S = 15      # fail fast when the git host is unreachable, then use PyPI
+GIT_FETCH_TIMEOUT_S = 900
+PIP_TIMEOUT_S = 900
+PIP: tuple[str, ...] = (sys.executable, "-m", "pip")   # a tuple so tests can swap it
+META_FILE = "patchset-base.json"                        # inside <repo>/.git
+LAYOUTS = ("git", "wheel")
+_META_VERSION = 1
+
+# Settings that could change checked-out bytes or objects; forced for every git call.
+_GIT_OPTS = (
+    "-c", "core.autocrlf=false", "-c", "core.eol=lf", "-c", "core.safecrlf=false",
+    "-c", "gc.auto=0", "-c", "init.defaultBranch=main", "-c", "advice.detachedHead=false",
+    "-c", "tar.umask=022",
+)
+# Variables that point git at some other repository, index or object store.
+_REPO_VARS = frozenset({
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX",
+    "GIT_QUARANTINE_PATH", "GIT_SHALLOW_FILE", "GIT_REPLACE_REF_BASE", "GIT_NO_REPLACE_OBJECTS",
+})
+
+
+@dataclass(frozen=True)
+class BaseTree:
+    """The pinned upstream as a commit in a cached repo."""
+
+    repo: Path       # non-bare git repo in the cache, checked out at `commit`
+    commit: str      # 40-hex
+    source: str      # "git" or "pypi"
+    ref: str         # branch in `repo` at `commit`, e.g. "patchset/base/sglang-0.5.14"
+
+
+def cache_root() -> Path:
+    """$PATCHSET_CACHE, else $XDG_CACHE_HOME/patchset, else ~/.cache/patchset."""
+    explicit = os.environ.get("PATCHSET_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"   # XDG: relative = unset
+    return base / "patchset"
+
+
+def provision(
+    pin: UpstreamPin,
+    cache: Path | None = None,
+    progress: Progress | None = None,
+    offline: bool = False,
+) -> BaseTree:
+    """Return the pin as a cached commit, fetching and building it on first use.
+
+    Touches no network when the cache already holds the pin; `offline=True` never does
+    and fails if the cache cannot provide the pin.
+    """
+    cache = Path(cache) if cache is not None else cache_root()
+    progress = progress or NullProgress()
+    if pin.git is None and pin.pypi is None:
+        raise UpstreamError("upstream has neither git nor pypi; add one to upstream: in patches.yaml")
+    key = _pin_key(pin)
+    repo = cache / "repos" / key
+    try:
+        found = _cached(repo, key)
+        if found:
+            return found
+        with _locked(cache / "locks" / f"{key}.lock", progress):
+            return _cached(repo, key) or _build(pin, cache, key, progress, offline)
+    except OSError as e:
+        raise UpstreamError(
+            f"cannot use the patchset cache {cache}: {e.strerror or e}"
+            f"{f' ({e.filename})' if e.filename else ''}; free disk space, fix permissions"
+            " or set PATCHSET_CACHE"
+        ) from e
+
+
+def fetch_wheel(
+    pin: UpstreamPin,
+    cache: Path | None = None,
+    progress: Progress | None = None,
+    offline: bool = False,
+) -> Path:
+    """The pin's verified wheel in the cache (downloaded on first use): for tools and tests
+    that need the wheel's own bytes, e.g. to compare a site-packages target with it."""
+    if pin.pypi is None:
+        raise UpstreamError("the pin has no pypi entry; add upstream.pypi to patches.yaml")
+    cache = Path(cache) if cache is not None else cache_root()
+    try:
+        return _wheel(pin.pypi, cache, progress or NullProgress(), offline)
+    except OSError as e:
+        raise UpstreamError(f"cannot use the patchset cache {cache}: {e.strerror or e};"
+                            " free disk space, fix permissions or set PATCHSET_CACHE") from e
+
+
+def materialize(
+    base: BaseTree, dest: Path, layout: str = "git", progress: Progress | None = None
+) -> Path:
+    """Create `dest` holding the base tree, built aside and renamed in so it is all-or-nothing.
+
+    layout "git": a clone at base.commit (git paths, e.g. python/sglang/...), with a local
+    user.name/email so commits work. layout "wheel": plain files as the wheel lays them
+    out (the pin's git_prefix stripped, sglang/... at the top), no .git.
+    """
+    if layout not in LAYOUTS:
+        raise UpstreamError(f"unknown layout {layout!r}; use one of: {', '.join(LAYOUTS)}")
+    progress = progress or NullProgress()
+    dest = Path(dest).absolute()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UpstreamError(f"{dest} exists and is not empty; pick a new directory or remove it")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            with progress.task(f"materialize {base.ref} ({layout}) at {dest}", None):
+                (_clone if layout == "git" else _export)(base, tmp)
+            if dest.exists():
+                dest.rmdir()
+            os.rename(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        raise UpstreamError(f"cannot create {dest}: {e.strerror or e}; check space and permissions") from e
+    return dest
+
+
+def blob_ids(base: BaseTree, paths: Iterable[str]) -> dict[str, str | None]:
+    """Git blob ids at the base commit for git paths (None where absent): the pre-image
+    hashes that say whether a target holds the pinned file, whatever its layout."""
+    wanted = list(paths)
+    found: dict[str, str | None] = dict.fromkeys(wanted)
+    if not wanted:
+        return found
+    out = _git(["--literal-pathspecs", "ls-tree", "-z", "--full-tree", base.commit, "--", *wanted],
+               base.repo, strip=False)
+    for record in filter(None, out.split("\0")):
+        meta, path = record.split("\t", 1)
+        _mode, kind, oid = meta.split()
+        if kind == "blob" and path in found:
+            found[path] = oid
+    return found
+
+
+# ---------------------------------------------------------------- cache bookkeeping
+
+
+def _pin_key(pin: UpstreamPin) -> str:
+    """Directory name for a pin: readable name-version plus a digest of every field, so
+    editing any part of the pin (sha, ref, prefix) never reuses a stale build."""
+    blob = json.dumps(dataclasses.asdict(pin), sort_keys=True).encode()
+    return f"{_safe(pin.name)}-{_safe(pin.version)}-{hashlib.sha256(blob).hexdigest()[:12]}"
+
+
+def _safe(text: str) -> str:
+    """A file-name and ref-name safe rendering of a name or version."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text).replace("..", "_").lstrip(".") or "_"
+
+
+def _base_ref(pin: UpstreamPin) -> str:
+    """The branch name the base commit gets in the cache repo (and in clones of it)."""
+    return f"patchset/base/{_safe(pin.name)}-{_safe(pin.version)}"
+
+
+def _cached(repo: Path, key: str) -> BaseTree | None:
+    """The BaseTree recorded in a complete cache repo, or None if absent or broken."""
+    try:
+        meta = json.loads((repo / ".git" / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("version") != _META_VERSION or meta.get("key") != key:
+        return None
+    try:
+        commit = _git(["rev-parse", "--verify", "-q", f"refs/heads/{meta['ref']}^{{commit}}"], repo)
+    except UpstreamError:
+        return None
+    if commit != meta["commit"]:
+        return None
+    return BaseTree(repo=repo, commit=commit, source=meta["source"], ref=meta["ref"])
+
+
+@contextmanager
+def _locked(path: Path, progress: Progress) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, showing a wait task if another run holds it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with progress.task(f"waiting for another patchset run ({path.name})", None):
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(pin: UpstreamPin, cache: Path, key: str, progress: Progress, offline: bool) -> BaseTree:
+    """Build the pin's repo in cache/tmp and rename it into cache/repos (lock held)."""
+    tmp_root = cache / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    for stale in tmp_root.glob(f"{key}.*"):        # left by a killed run; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=tmp_root))
+    try:
+        meta = _populate(pin, cache, work, progress, offline)
+        meta.update(version=_META_VERSION, key=key, ref=_base_ref(pin), pin=dataclasses.asdict(pin))
+        (work / ".git" / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        repo = cache / "repos" / key
+        _replace_dir(work, repo)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return BaseTree(repo=repo, commit=meta["commit"], source=meta["source"], ref=meta["ref"])
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Move a finished build into place, setting aside a broken old one first."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        old = new.with_name(new.name + ".old")
+        os.rename(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(new, final)
+
+
+def _populate(pin: UpstreamPin, cache: Path, work: Path, progress: Progress, offline: bool) -> dict:
+    """Fill `work` from git when reachable, else from the verified wheel."""
+    reason = "offline" if offline else "no git pin"
+    if pin.git is not None and not offline:
+        try:
+            return _from_git(pin, pin.git, work, progress)
+        except UpstreamError as e:
+            reason = str(e)
+            shutil.rmtree(work)
+            work.mkdir()
+    if pin.pypi is None:
+        if offline:
+            raise UpstreamError(f"offline and {pin.name} {pin.version} is not in the cache {cache};"
+                                " run once with network access")
+        raise UpstreamError(f"{reason}; the pin has no pypi fallback: fix the network or add upstream.pypi")
+    wheel = _wheel(pin.pypi, cache, progress, offline)
+    return _from_wheel(pin, pin.pypi, wheel, work, progress) | {"fallback_reason": reason}
+
+
+# ---------------------------------------------------------------- git
+
+
+def _hermetic_env() -> dict[str, str]:
+    """Environment for local repo work: no inherited GIT_*, no system or global config,
+    C locale, so the same input gives the same objects and files everywhere."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
+               LC_ALL="C", LANGUAGE="C", TZ="UTC")
+    return env
+
+
+def _network_env() -> dict[str, str]:
+    """Environment for remote access: the user's config (proxy, insteadOf, credentials)
+    stays, repo-locating variables go, and prompts are off so failures are immediate."""
+    env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
+    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C")
+    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o ConnectTimeout=10")
+    return env
+
+
+def _git(args: list[str], cwd: Path, *, network: bool = False, timeout: float | None = None,
+         strip: bool = True) -> str:
+    """Run git, returning stdout; any failure becomes a one-line UpstreamError."""
+    cmd = ["git", *_GIT_OPTS, *args]
+    env = _network_env() if network else _hermetic_env()
+    try:
+        done = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout)
+    except FileNotFoundError as e:
+        raise UpstreamError("git is not installed or not on PATH; install git and retry") from e
+    except subprocess.TimeoutExpired as e:
+        raise UpstreamError(f"git {_verb(args)} timed out after {timeout:.0f}s") from e
+    if done.returncode:
+        raise UpstreamError(f"git {_verb(args)} failed: {_last_line(done.stderr)}")
+    out = done.stdout.decode("utf-8", "surrogateescape")
+    return out.strip() if strip else out
+
+
+def _verb(args: list[str]) -> str:
+    """The git subcommand of an argument list, for messages."""
+    return next((a for a in args if not a.startswith("-")), "?")
+
+
+def _last_line(stderr: bytes) -> str:
+    """The last non-empty line of a tool's stderr: usually the actual reason."""
+    lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no error output"
+
+
+def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> dict:
+    """Fetch the pinned ref shallowly into `work`; the commit is upstream's own."""
+    is_sha = re.fullmatch(r"[0-9a-fA-F]{40}", gp.ref) is not None
+    with progress.task(f"git: reaching {gp.url}", None):
+        probe = ["ls-remote", gp.url, "HEAD"] if is_sha else ["ls-remote", "--exit-code", gp.url, gp.ref]
+        _git(probe, work, network=True, timeout=GIT_PROBE_TIMEOUT_S)
+    _git(["init", "-q", "."], work)
+    with progress.task(f"git: fetching {gp.ref} from {gp.url}", None):
+        _git(["fetch", "-q", "--depth", "1", "--no-tags", gp.url, gp.ref], work,
+             network=True, timeout=GIT_FETCH_TIMEOUT_S)
+    commit = _git(["rev-parse", "--verify", "FETCH_HEAD^{commit}"], work)
+    with progress.task(f"check out {gp.ref}", None):
+        _checkout(work, _base_ref(pin), commit)
+    return {"commit": commit, "source": "git", "url": gp.url, "git_ref": gp.ref}
+
+
+def _checkout(work: Path, ref: str, commit: str) -> None:
+    """Point branch `ref` and HEAD at `commit` and fill the index and working tree."""
+    _git(["update-ref", f"refs/heads/{ref}", commit], work)
+    _git(["symbolic-ref", "HEAD", f"refs/heads/{ref}"], work)
+    _git(["reset", "-q", "--hard", commit], work)
+    _git(["config", "core.autocrlf", "false"], work)
+
+
+# ---------------------------------------------------------------- wheel
+
+
+def _wheel(pp: PypiPin, cache: Path, progress: Progress, offline: bool) -> Path:
+    """The verified wheel in cache/wheels, downloading it unless offline."""
+    with _locked(cache / "locks" / f"wheel-{_safe(pp.file)}.lock", progress):
+        return _wheel_locked(pp, cache, progress, offline)
+
+
+def _wheel_locked(pp: PypiPin, cache: Path, progress: Progress, offline: bool) -> Path:
+    """_wheel's body, run while holding the wheel's lock."""
+    path = cache / "wheels" / pp.file
+    if path.exists():
+        _verify(path, pp.sha256, progress)
+    elif offline:
+        raise UpstreamError(f"offline and {pp.file} is not in {path.parent}; run once with network"
+                            " access or copy the wheel there")
+    else:
+        _download(pp, path, progress)
+    return path
+
+
+def _download(pp: PypiPin, final: Path, progress: Progress) -> None:
+    """pip download the pinned file into a temp dir, verify it, rename it into the cache."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp_root = final.parent.parent / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="download.", dir=tmp_root) as tmp:
+        with progress.task(f"download {pp.file} (pip)", None):
+            _pip_download(pp, Path(tmp), final)
+        got = Path(tmp) / pp.file
+        if not got.exists():
+            names = ", ".join(sorted(p.name for p in Path(tmp).iterdir())) or "nothing"
+            raise UpstreamError(f"pip downloaded {names}, not the pinned {pp.file}; check"
+                                " upstream.pypi python_version/platform in patches.yaml")
+        _verify(got, pp.sha256, progress)
+        os.replace(got, final)
+
+
+def _pip_download(pp: PypiPin, dest: Path, final: Path) -> None:
+    """Run `pip download` for exactly the pinned wheel (no deps, binary only)."""
+    cmd = [*PIP, "download", "--no-deps", "--only-binary=:all:", "--no-input",
+           "--disable-pip-version-check", "--progress-bar", "off",
+           "--python-version", pp.python_version, "--platform", pp.platform,
+           "-d", str(dest), pp.requirement]
+    fix = f"or copy the wheel to {final}"
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PIP_TIMEOUT_S)
+    except (FileNotFoundError, PermissionError) as e:
+        raise UpstreamError(f"cannot run pip ({PIP[0]}): {e.strerror}; install pip {fix}") from e
+    except subprocess.TimeoutExpired as e:
+        raise UpstreamError(f"pip download {pp.requirement} timed out after {PIP_TIMEOUT_S}s;"
+                            f" check the network {fix}") from e
+    if done.returncode:
+        why = _last_line(done.stderr)
+        if "No module named pip" in why:
+            raise UpstreamError(f"pip is not installed for {PIP[0]}; run `{PIP[0]} -m ensurepip` {fix}")
+        raise UpstreamError(f"pip download {pp.requirement} failed: {why}; check the network and"
+                            f" index (pip config list) {fix}")
+
+
+def _verify(path: Path, expected: str, progress: Progress) -> None:
+    """Check a wheel's sha256 against the pin; a mismatching file is deleted."""
+    actual = _sha256(path, progress)
+    if actual != expected.lower():
+        path.unlink(missing_ok=True)
+        raise UpstreamError(f"sha256 mismatch for {path}: expected {expected}, got {actual};"
+                            " deleted it - check upstream.pypi.sha256 and the index it came from")
+
+
+def _sha256(path: Path, progress: Progress) -> str:
+    """sha256 of a file, reporting bytes read."""
+    digest = hashlib.sha256()
+    with progress.task(f"verify {path.name}", path.stat().st_size) as advance, path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            advance(len(chunk))
+    return digest.hexdigest()
+
+
+def _from_wheel(pin: UpstreamPin, pp: PypiPin, wheel: Path, work: Path, progress: Progress) -> dict:
+    """Import the wheel as one deterministic root commit under the pin's git_prefix."""
+    ref = _base_ref(pin)
+    _git(["init", "-q", "."], work)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            entries = _entries(zf, pin.git_prefix, wheel)
+            when = _zip_epoch(zf)
+            message = f"{pin.name} {pin.version} from {pp.file} sha256 {pp.sha256}\n"
+            with progress.task(f"unpack {wheel.name}", len(entries)) as advance:
+                _fast_import(work, ref, when, message, zf, entries, advance)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
+        raise UpstreamError(f"{wheel} is not a readable wheel: {e}; delete it and retry") from e
+    commit = _git(["rev-parse", "--verify", f"refs/heads/{ref}^{{commit}}"], work)
+    with progress.task(f"check out {ref}", None):
+        _checkout(work, ref, commit)
+    return {"commit": commit, "source": "pypi", "wheel": pp.file, "sha256": pp.sha256}
+
+
+def _entries(zf: zipfile.ZipFile, prefix: str, wheel: Path) -> list[tuple[str, zipfile.ZipInfo]]:
+    """(git path, zip entry) for every file to import, sorted by path.
+
+    Skips directories and the install metadata (`*.dist-info`, `*.data`), which is not
+    part of the source tree; refuses paths that could escape or confuse the tree.
+    """
+    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    out: dict[str, zipfile.ZipInfo] = {}
+    for info in zf.infolist():
+        name = info.filename
+        if info.is_dir() or name.split("/", 1)[0].endswith((".dist-info", ".data")):
+            continue
+        parts = name.split("/")
+        if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") or p.lower() == ".git" for p in parts):
+            raise UpstreamError(f"{wheel.name} holds an unsafe path {name!r}; refusing to import it")
+        out[prefix + name] = info
+    return sorted(out.items())
+
+
+def _zip_epoch(zf: zipfile.ZipFile) -> int:
+    """Commit time from the wheel itself: its newest entry time, read as UTC."""
+    try:
+        return calendar.timegm((*max(i.date_time for i in zf.infolist()), 0, 0, 0))
+    except ValueError:
+        return 315532800   # 1980-01-01, the zip epoch; a wheel with no entries or bad dates
+
+
+def _mode(info: zipfile.ZipInfo) -> bytes:
+    """Git file mode from the zip's unix bits: only the executable bit survives in git.
+    Symlink entries stay regular files, as pip installs them."""
+    return b"100755" if (info.external_attr >> 16) & 0o111 else b"100644"
+
+
+def _quote(path: str) -> bytes:
+    """A fast-import C-style quoted path, so no name can break the stream."""
+    raw = path.encode("utf-8", "surrogateescape")
+    body = re.sub(rb'[\\"\x00-\x1f\x7f]', lambda m: b"\\%03o" % m.group()[0], raw)
+    return b'"' + body + b'"'
+
+
+def _fast_import(work: Path, ref: str, when: int, message: str, zf: zipfile.ZipFile,
+                 entries: list[tuple[str, zipfile.ZipInfo]], advance: Advance) -> None:
+    """Stream all entries into one root commit on `ref` with one `git fast-import`."""
+    cmd = ["git", *_GIT_OPTS, "fast-import", "--quiet", "--done", "--date-format=raw"]
+    msg = message.encode()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=work, env=_hermetic_env(), stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            _write_stream(proc.stdin, ref, when, msg, zf, entries, advance)
+        except BrokenPipeError:
+            pass                                       # git died; its stderr says why
+        finally:
+            proc.stdin.close()
+        if proc.wait():
+            err.seek(0)
+            raise UpstreamError(f"git fast-import failed: {_last_line(err.read())}")
+
+
+def _write_stream(out: IO[bytes], ref: str, when: int, msg: bytes, zf: zipfile.ZipFile,
+                  entries: list[tuple[str, zipfile.ZipInfo]], advance: Advance) -> None:
+    """Write the fast-import commands: commit header, then each file inline."""
+    stamp = f"{IDENTITY} {when} +0000\n".encode()
+    out.write(b"commit refs/heads/%s\nauthor %scommitter %s" % (ref.encode(), stamp, stamp))
+    out.write(b"data %d\n%s\n" % (len(msg), msg))
+    for path, info in entries:
+        data = zf.read(info)                           # also checks the entry's CRC
+        out.write(b"M %s inline %s\ndata %d\n" % (_mode(info), _quote(path), len(data)))
+        out.write(data)
+        out.write(b"\n")
+        advance(1)
+    out.write(b"done\n")
+
+
+# ---------------------------------------------------------------- materialize
+
+
+def _clone(base: BaseTree, tmp: Path) -> None:
+    """A local clone (hardlinked objects, self-contained) checked out at base.commit."""
+    _git(["clone", "-q", "--", str(base.repo), str(tmp)], tmp.parent)
+    head = _git(["rev-parse", "HEAD"], tmp)
+    if head != base.commit:
+        _git(["checkout", "-q", "-B", base.ref, base.commit], tmp)
+    for key, value in (("user.name", USER_NAME), ("user.email", USER_EMAIL), ("core.autocrlf", "false")):
+        _git(["config", key, value], tmp)
+
+
+def _export(base: BaseTree, tmp: Path) -> None:
+    """Plain files of the tree under the pin's git_prefix (the wheel layout), no .git."""
+    prefix = _git_prefix(base)
+    treeish = f"{base.commit}:{prefix}" if prefix else base.commit
+    archive = subprocess.Popen(["git", *_GIT_OPTS, "archive", "--format=tar", treeish],
+                               cwd=base.repo, env=_hermetic_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        untar = subprocess.run(["tar", "-x", "-f", "-", "--no-same-owner", "-C", str(tmp)],
+                               stdin=archive.stdout, capture_output=True)
+    except FileNotFoundError as e:
+        archive.kill()
+        raise UpstreamError("tar is not installed or not on PATH; install tar and retry") from e
+    finally:
+        archive.stdout.close()
+    git_err = archive.stderr.read()
+    archive.stderr.close()
+    if archive.wait():
+        raise UpstreamError(f"git archive {treeish} failed: {_last_line(git_err)}")
+    if untar.returncode:
+        raise UpstreamError(f"tar could not unpack {base.ref}: {_last_line(untar.stderr)}")
+
+
+def _git_prefix(base: BaseTree) -> str:
+    """The pin's git_prefix as recorded when the base was built ("python" by default)."""
+    meta = json.loads((base.repo / ".git" / META_FILE).read_text())
+    return meta["pin"].get("git_prefix", "").strip("/")

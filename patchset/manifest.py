@@ -118,10 +118,11 @@ def _patches(doc: Located, root: Path, git_prefix: str) -> list[Patch]:
     patches: list[Patch] = []
     seen: dict[str, int] = {}
     for index, entry in enumerate(entries):
-        patch = _patch(doc, ("series", index), entry, root, git_prefix)
-        if patch.name in seen:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name in seen:
             raise doc.error(("series", index, "name"),
-                            f"duplicate patch name {patch.name!r} (first at line {seen[patch.name]})")
+                            f"duplicate patch name {name!r} (first at line {seen[name]})")
+        patch = _patch(doc, ("series", index), entry, root, git_prefix)
         seen[patch.name] = patch.line
         patches.append(patch)
     return patches
@@ -186,6 +187,8 @@ def _read_patch(doc: Located, where: tuple, path: Path) -> bytes:
 def _gate(doc: Located, where: tuple, value: Any) -> Gate | None:
     if value is None:
         return None
+    if isinstance(value, dict) and True in value and "on" not in value:
+        value = {("on" if k is True else k): v for k, v in value.items()}  # YAML 1.1: on == true
     g = _keys(doc, where, value, GATE_KEYS)
     on = g["on"]
     if not isinstance(on, str):

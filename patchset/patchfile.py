@@ -21,7 +21,12 @@ REQUIRED_HEADER = ("Author", "Forwarded", "Last-Update", "Patchset-Name")
 HEADER_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: ([0-7]{6}))?$")
+HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 ZERO = "0" * 40
+FILE_HEADER_LINES = ("diff --git ", "index ", "--- ", "+++ ", "new file mode ",
+                     "deleted file mode ", "old mode ", "new mode ", "similarity index ",
+                     "dissimilarity index ", "rename from ", "rename to ", "copy from ",
+                     "copy to ", "Binary files ", "GIT binary patch")
 
 
 @dataclass(frozen=True)
@@ -85,10 +90,27 @@ def _check_header(header: dict[str, str], file: str) -> None:
 
 
 def _check_raw_diff(lines: list[str], start: int, file: str) -> None:
-    """Things unidiff accepts silently but we refuse: binary, renames, short blob ids."""
+    """Things unidiff accepts silently but we refuse: binary, renames, short blob ids,
+    unsafe paths, and lines that are neither file headers nor hunk content."""
+    in_hunk = False
     for number in range(start, len(lines)):
         line = lines[number]
-        if line.startswith("diff --git ") and _unsafe_header_path(line):
+        if line.startswith("diff --git "):
+            in_hunk = False
+        elif line.startswith("@@"):
+            if not HUNK.match(line):
+                raise ManifestError(file, number + 1, "diff.hunk",
+                                    f"malformed hunk header {line[:40]!r}")
+            in_hunk = True
+            continue
+        if in_hunk:
+            if line and line[0] not in " +-\\":
+                raise ManifestError(file, number + 1, "diff.hunk",
+                                    f"not a diff line: {line[:40]!r}")
+            continue
+        if line and not line.startswith(FILE_HEADER_LINES):
+            raise ManifestError(file, number + 1, "diff", f"not a diff line: {line[:40]!r}")
+        if line.startswith(("diff --git ", "--- ", "+++ ")) and _unsafe_header_path(line):
             raise ManifestError(file, number + 1, "diff.path", f"{line!r} points outside the tree")
         if line.startswith(("GIT binary patch", "Binary files ")):
             raise ManifestError(file, number + 1, "diff", "binary diffs are not supported")
@@ -103,7 +125,10 @@ def _check_raw_diff(lines: list[str], start: int, file: str) -> None:
 
 
 def _unsafe_header_path(line: str) -> bool:
-    for word in line.split(" ")[2:]:
+    words = line.split(" ")[2:] if line.startswith("diff --git ") else [line[4:].split("\t")[0]]
+    for word in words:
+        if word == "/dev/null":
+            continue
         if word.startswith("/") or ".." in word.split("/") or "\\" in word:
             return True
     return False

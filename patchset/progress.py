@@ -8,7 +8,8 @@ NullProgress (the default everywhere).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
+from collections.abc import Callable, Iterator
 
 Advance = Callable[[int], None]
 

@@ -33,7 +33,8 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO
+from collections.abc import Iterable, Iterator
 
 from .errors import UpstreamError
 from .model import GitPin, PypiPin, UpstreamPin
@@ -43,36 +44,58 @@ __all__ = ["BaseTree", "blob_ids", "cache_root", "fetch_wheel", "materialize", "
 
 IDENTITY = "patchset <patchset@invalid>"
 USER_NAME, USER_EMAIL = "patchset", "patchset@invalid"
-GIT_PROBE_TIMEOUT_S = 15      # fail fast when the git host is unreachable, then use PyPI
+GIT_PROBE_TIMEOUT_S = 15  # fail fast when the git host is unreachable, then use PyPI
 GIT_FETCH_TIMEOUT_S = 900
 PIP_TIMEOUT_S = 900
-PIP: tuple[str, ...] = (sys.executable, "-m", "pip")   # a tuple so tests can swap it
-META_FILE = "patchset-base.json"                        # inside <repo>/.git
+PIP: tuple[str, ...] = (sys.executable, "-m", "pip")  # a tuple so tests can swap it
+META_FILE = "patchset-base.json"  # inside <repo>/.git
 LAYOUTS = ("git", "wheel")
 _META_VERSION = 1
 
 # Settings that could change checked-out bytes or objects; forced for every git call.
 _GIT_OPTS = (
-    "-c", "core.autocrlf=false", "-c", "core.eol=lf", "-c", "core.safecrlf=false",
-    "-c", "gc.auto=0", "-c", "init.defaultBranch=main", "-c", "advice.detachedHead=false",
-    "-c", "tar.umask=022",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "core.eol=lf",
+    "-c",
+    "core.safecrlf=false",
+    "-c",
+    "gc.auto=0",
+    "-c",
+    "init.defaultBranch=main",
+    "-c",
+    "advice.detachedHead=false",
+    "-c",
+    "tar.umask=022",
 )
 # Variables that point git at some other repository, index or object store.
-_REPO_VARS = frozenset({
-    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX",
-    "GIT_QUARANTINE_PATH", "GIT_SHALLOW_FILE", "GIT_REPLACE_REF_BASE", "GIT_NO_REPLACE_OBJECTS",
-})
+_REPO_VARS = frozenset(
+    {
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_NAMESPACE",
+        "GIT_PREFIX",
+        "GIT_QUARANTINE_PATH",
+        "GIT_SHALLOW_FILE",
+        "GIT_REPLACE_REF_BASE",
+        "GIT_NO_REPLACE_OBJECTS",
+    }
+)
 
 
 @dataclass(frozen=True)
 class BaseTree:
     """The pinned upstream as a commit in a cached repo."""
 
-    repo: Path       # non-bare git repo in the cache, checked out at `commit`
-    commit: str      # 40-hex
-    source: str      # "git" or "pypi"
-    ref: str         # branch in `repo` at `commit`, e.g. "patchset/base/sglang-0.5.14"
+    repo: Path  # non-bare git repo in the cache, checked out at `commit`
+    commit: str  # 40-hex
+    source: str  # "git" or "pypi"
+    ref: str  # branch in `repo` at `commit`, e.g. "patchset/base/sglang-0.5.14"
 
 
 def cache_root() -> Path:
@@ -81,7 +104,7 @@ def cache_root() -> Path:
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"   # XDG: relative = unset
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"  # XDG: relative = unset
     return base / "patchset"
 
 
@@ -99,7 +122,9 @@ def provision(
     cache = Path(cache) if cache is not None else cache_root()
     progress = progress or NullProgress()
     if pin.git is None and pin.pypi is None:
-        raise UpstreamError("upstream has neither git nor pypi; add one to upstream: in patches.yaml")
+        raise UpstreamError(
+            "upstream has neither git nor pypi; add one to upstream: in patches.yaml"
+        )
     key = _pin_key(pin)
     repo = cache / "repos" / key
     try:
@@ -130,8 +155,10 @@ def fetch_wheel(
     try:
         return _wheel(pin.pypi, cache, progress or NullProgress(), offline)
     except OSError as e:
-        raise UpstreamError(f"cannot use the patchset cache {cache}: {e.strerror or e};"
-                            " free disk space, fix permissions or set PATCHSET_CACHE") from e
+        raise UpstreamError(
+            f"cannot use the patchset cache {cache}: {e.strerror or e};"
+            " free disk space, fix permissions or set PATCHSET_CACHE"
+        ) from e
 
 
 def materialize(
@@ -161,7 +188,9 @@ def materialize(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
-        raise UpstreamError(f"cannot create {dest}: {e.strerror or e}; check space and permissions") from e
+        raise UpstreamError(
+            f"cannot create {dest}: {e.strerror or e}; check space and permissions"
+        ) from e
     return dest
 
 
@@ -172,8 +201,11 @@ def blob_ids(base: BaseTree, paths: Iterable[str]) -> dict[str, str | None]:
     found: dict[str, str | None] = dict.fromkeys(wanted)
     if not wanted:
         return found
-    out = _git(["--literal-pathspecs", "ls-tree", "-z", "--full-tree", base.commit, "--", *wanted],
-               base.repo, strip=False)
+    out = _git(
+        ["--literal-pathspecs", "ls-tree", "-z", "--full-tree", base.commit, "--", *wanted],
+        base.repo,
+        strip=False,
+    )
     for record in filter(None, out.split("\0")):
         meta, path = record.split("\t", 1)
         _mode, kind, oid = meta.split()
@@ -241,7 +273,7 @@ def _build(pin: UpstreamPin, cache: Path, key: str, progress: Progress, offline:
     """Build the pin's repo in cache/tmp and rename it into cache/repos (lock held)."""
     tmp_root = cache / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
-    for stale in tmp_root.glob(f"{key}.*"):        # left by a killed run; we hold the lock
+    for stale in tmp_root.glob(f"{key}.*"):  # left by a killed run; we hold the lock
         shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=tmp_root))
     try:
@@ -277,9 +309,13 @@ def _populate(pin: UpstreamPin, cache: Path, work: Path, progress: Progress, off
             work.mkdir()
     if pin.pypi is None:
         if offline:
-            raise UpstreamError(f"offline and {pin.name} {pin.version} is not in the cache {cache};"
-                                " run once with network access")
-        raise UpstreamError(f"{reason}; the pin has no pypi fallback: fix the network or add upstream.pypi")
+            raise UpstreamError(
+                f"offline and {pin.name} {pin.version} is not in the cache {cache};"
+                " run once with network access"
+            )
+        raise UpstreamError(
+            f"{reason}; the pin has no pypi fallback: fix the network or add upstream.pypi"
+        )
     wheel = _wheel(pin.pypi, cache, progress, offline)
     return _from_wheel(pin, pin.pypi, wheel, work, progress) | {"fallback_reason": reason}
 
@@ -291,8 +327,14 @@ def _hermetic_env() -> dict[str, str]:
     """Environment for local repo work: no inherited GIT_*, no system or global config,
     C locale, so the same input gives the same objects and files everywhere."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
-               LC_ALL="C", LANGUAGE="C", TZ="UTC")
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_TERMINAL_PROMPT="0",
+        LC_ALL="C",
+        LANGUAGE="C",
+        TZ="UTC",
+    )
     return env
 
 
@@ -305,14 +347,21 @@ def _network_env() -> dict[str, str]:
     return env
 
 
-def _git(args: list[str], cwd: Path, *, network: bool = False, timeout: float | None = None,
-         strip: bool = True) -> str:
+def _git(
+    args: list[str],
+    cwd: Path,
+    *,
+    network: bool = False,
+    timeout: float | None = None,
+    strip: bool = True,
+) -> str:
     """Run git, returning stdout; any failure becomes a one-line UpstreamError."""
     cmd = ["git", *_GIT_OPTS, *args]
     env = _network_env() if network else _hermetic_env()
     try:
-        done = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=timeout)
+        done = subprocess.run(
+            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
+        )
     except FileNotFoundError as e:
         raise UpstreamError("git is not installed or not on PATH; install git and retry") from e
     except subprocess.TimeoutExpired as e:
@@ -338,20 +387,38 @@ def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> d
     """Fetch the pinned ref shallowly into `work`; the commit is upstream's own."""
     is_sha = re.fullmatch(r"[0-9a-fA-F]{40}", gp.ref) is not None
     with progress.task(f"git: reaching {gp.url}", None):
-        probe = ["ls-remote", gp.url, "HEAD"] if is_sha else ["ls-remote", "--exit-code", gp.url, gp.ref]
+        probe = (
+            ["ls-remote", gp.url, "HEAD"]
+            if is_sha
+            else ["ls-remote", "--exit-code", gp.url, gp.ref]
+        )
         _git(probe, work, network=True, timeout=GIT_PROBE_TIMEOUT_S)
     _git(["init", "-q", "."], work)
     with progress.task(f"git: fetching {gp.ref} from {gp.url}", None):
-        _git(["fetch", "-q", "--depth", "1", "--no-tags", gp.url, gp.ref], work,
-             network=True, timeout=GIT_FETCH_TIMEOUT_S)
+        _git(
+            ["fetch", "-q", "--depth", "1", "--no-tags", gp.url, gp.ref],
+            work,
+            network=True,
+            timeout=GIT_FETCH_TIMEOUT_S,
+        )
     commit = _git(["rev-parse", "--verify", "FETCH_HEAD^{commit}"], work)
     with progress.task(f"check out {gp.ref}", None):
         _checkout(work, _base_ref(pin), commit)
     return {"commit": commit, "source": "git", "url": gp.url, "git_ref": gp.ref}
 
 
+# Highest-precedence attributes for the cache repo: its working tree and `git archive`
+# output are the blobs' exact bytes, whatever .gitattributes upstream ships.
+_RAW_ATTRIBUTES = (
+    "* -text -eol -ident -filter -working-tree-encoding -export-ignore -export-subst\n"
+)
+
+
 def _checkout(work: Path, ref: str, commit: str) -> None:
     """Point branch `ref` and HEAD at `commit` and fill the index and working tree."""
+    info = work / ".git" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "attributes").write_text(_RAW_ATTRIBUTES)
     _git(["update-ref", f"refs/heads/{ref}", commit], work)
     _git(["symbolic-ref", "HEAD", f"refs/heads/{ref}"], work)
     _git(["reset", "-q", "--hard", commit], work)
@@ -373,8 +440,10 @@ def _wheel_locked(pp: PypiPin, cache: Path, progress: Progress, offline: bool) -
     if path.exists():
         _verify(path, pp.sha256, progress)
     elif offline:
-        raise UpstreamError(f"offline and {pp.file} is not in {path.parent}; run once with network"
-                            " access or copy the wheel there")
+        raise UpstreamError(
+            f"offline and {pp.file} is not in {path.parent}; run once with network"
+            " access or copy the wheel there"
+        )
     else:
         _download(pp, path, progress)
     return path
@@ -391,32 +460,55 @@ def _download(pp: PypiPin, final: Path, progress: Progress) -> None:
         got = Path(tmp) / pp.file
         if not got.exists():
             names = ", ".join(sorted(p.name for p in Path(tmp).iterdir())) or "nothing"
-            raise UpstreamError(f"pip downloaded {names}, not the pinned {pp.file}; check"
-                                " upstream.pypi python_version/platform in patches.yaml")
+            raise UpstreamError(
+                f"pip downloaded {names}, not the pinned {pp.file}; check"
+                " upstream.pypi python_version/platform in patches.yaml"
+            )
         _verify(got, pp.sha256, progress)
         os.replace(got, final)
 
 
 def _pip_download(pp: PypiPin, dest: Path, final: Path) -> None:
     """Run `pip download` for exactly the pinned wheel (no deps, binary only)."""
-    cmd = [*PIP, "download", "--no-deps", "--only-binary=:all:", "--no-input",
-           "--disable-pip-version-check", "--progress-bar", "off",
-           "--python-version", pp.python_version, "--platform", pp.platform,
-           "-d", str(dest), pp.requirement]
+    cmd = [
+        *PIP,
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--python-version",
+        pp.python_version,
+        "--platform",
+        pp.platform,
+        "-d",
+        str(dest),
+        pp.requirement,
+    ]
     fix = f"or copy the wheel to {final}"
     try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PIP_TIMEOUT_S)
+        done = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PIP_TIMEOUT_S
+        )
     except (FileNotFoundError, PermissionError) as e:
         raise UpstreamError(f"cannot run pip ({PIP[0]}): {e.strerror}; install pip {fix}") from e
     except subprocess.TimeoutExpired as e:
-        raise UpstreamError(f"pip download {pp.requirement} timed out after {PIP_TIMEOUT_S}s;"
-                            f" check the network {fix}") from e
+        raise UpstreamError(
+            f"pip download {pp.requirement} timed out after {PIP_TIMEOUT_S}s;"
+            f" check the network {fix}"
+        ) from e
     if done.returncode:
         why = _last_line(done.stderr)
         if "No module named pip" in why:
-            raise UpstreamError(f"pip is not installed for {PIP[0]}; run `{PIP[0]} -m ensurepip` {fix}")
-        raise UpstreamError(f"pip download {pp.requirement} failed: {why}; check the network and"
-                            f" index (pip config list) {fix}")
+            raise UpstreamError(
+                f"pip is not installed for {PIP[0]}; run `{PIP[0]} -m ensurepip` {fix}"
+            )
+        raise UpstreamError(
+            f"pip download {pp.requirement} failed: {why}; check the network and"
+            f" index (pip config list) {fix}"
+        )
 
 
 def _verify(path: Path, expected: str, progress: Progress) -> None:
@@ -424,8 +516,10 @@ def _verify(path: Path, expected: str, progress: Progress) -> None:
     actual = _sha256(path, progress)
     if actual != expected.lower():
         path.unlink(missing_ok=True)
-        raise UpstreamError(f"sha256 mismatch for {path}: expected {expected}, got {actual};"
-                            " deleted it - check upstream.pypi.sha256 and the index it came from")
+        raise UpstreamError(
+            f"sha256 mismatch for {path}: expected {expected}, got {actual};"
+            " deleted it - check upstream.pypi.sha256 and the index it came from"
+        )
 
 
 def _sha256(path: Path, progress: Progress) -> str:
@@ -470,8 +564,14 @@ def _entries(zf: zipfile.ZipFile, prefix: str, wheel: Path) -> list[tuple[str, z
         if info.is_dir() or name.split("/", 1)[0].endswith((".dist-info", ".data")):
             continue
         parts = name.split("/")
-        if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") or p.lower() == ".git" for p in parts):
-            raise UpstreamError(f"{wheel.name} holds an unsafe path {name!r}; refusing to import it")
+        if (
+            name.startswith("/")
+            or "\\" in name
+            or any(p in ("", ".", "..") or p.lower() == ".git" for p in parts)
+        ):
+            raise UpstreamError(
+                f"{wheel.name} holds an unsafe path {name!r}; refusing to import it"
+            )
         out[prefix + name] = info
     return sorted(out.items())
 
@@ -481,7 +581,7 @@ def _zip_epoch(zf: zipfile.ZipFile) -> int:
     try:
         return calendar.timegm((*max(i.date_time for i in zf.infolist()), 0, 0, 0))
     except ValueError:
-        return 315532800   # 1980-01-01, the zip epoch; a wheel with no entries or bad dates
+        return 315532800  # 1980-01-01, the zip epoch; a wheel with no entries or bad dates
 
 
 def _mode(info: zipfile.ZipInfo) -> bytes:
@@ -497,18 +597,31 @@ def _quote(path: str) -> bytes:
     return b'"' + body + b'"'
 
 
-def _fast_import(work: Path, ref: str, when: int, message: str, zf: zipfile.ZipFile,
-                 entries: list[tuple[str, zipfile.ZipInfo]], advance: Advance) -> None:
+def _fast_import(
+    work: Path,
+    ref: str,
+    when: int,
+    message: str,
+    zf: zipfile.ZipFile,
+    entries: list[tuple[str, zipfile.ZipInfo]],
+    advance: Advance,
+) -> None:
     """Stream all entries into one root commit on `ref` with one `git fast-import`."""
     cmd = ["git", *_GIT_OPTS, "fast-import", "--quiet", "--done", "--date-format=raw"]
     msg = message.encode()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, cwd=work, env=_hermetic_env(), stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=work,
+            env=_hermetic_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
         try:
             _write_stream(proc.stdin, ref, when, msg, zf, entries, advance)
         except BrokenPipeError:
-            pass                                       # git died; its stderr says why
+            pass  # git died; its stderr says why
         finally:
             proc.stdin.close()
         if proc.wait():
@@ -516,14 +629,21 @@ def _fast_import(work: Path, ref: str, when: int, message: str, zf: zipfile.ZipF
             raise UpstreamError(f"git fast-import failed: {_last_line(err.read())}")
 
 
-def _write_stream(out: IO[bytes], ref: str, when: int, msg: bytes, zf: zipfile.ZipFile,
-                  entries: list[tuple[str, zipfile.ZipInfo]], advance: Advance) -> None:
+def _write_stream(
+    out: IO[bytes],
+    ref: str,
+    when: int,
+    msg: bytes,
+    zf: zipfile.ZipFile,
+    entries: list[tuple[str, zipfile.ZipInfo]],
+    advance: Advance,
+) -> None:
     """Write the fast-import commands: commit header, then each file inline."""
     stamp = f"{IDENTITY} {when} +0000\n".encode()
     out.write(b"commit refs/heads/%s\nauthor %scommitter %s" % (ref.encode(), stamp, stamp))
     out.write(b"data %d\n%s\n" % (len(msg), msg))
     for path, info in entries:
-        data = zf.read(info)                           # also checks the entry's CRC
+        data = zf.read(info)  # also checks the entry's CRC
         out.write(b"M %s inline %s\ndata %d\n" % (_mode(info), _quote(path), len(data)))
         out.write(data)
         out.write(b"\n")
@@ -540,7 +660,11 @@ def _clone(base: BaseTree, tmp: Path) -> None:
     head = _git(["rev-parse", "HEAD"], tmp)
     if head != base.commit:
         _git(["checkout", "-q", "-B", base.ref, base.commit], tmp)
-    for key, value in (("user.name", USER_NAME), ("user.email", USER_EMAIL), ("core.autocrlf", "false")):
+    for key, value in (
+        ("user.name", USER_NAME),
+        ("user.email", USER_EMAIL),
+        ("core.autocrlf", "false"),
+    ):
         _git(["config", key, value], tmp)
 
 
@@ -548,12 +672,19 @@ def _export(base: BaseTree, tmp: Path) -> None:
     """Plain files of the tree under the pin's git_prefix (the wheel layout), no .git."""
     prefix = _git_prefix(base)
     treeish = f"{base.commit}:{prefix}" if prefix else base.commit
-    archive = subprocess.Popen(["git", *_GIT_OPTS, "archive", "--format=tar", treeish],
-                               cwd=base.repo, env=_hermetic_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    archive = subprocess.Popen(
+        ["git", *_GIT_OPTS, "archive", "--format=tar", treeish],
+        cwd=base.repo,
+        env=_hermetic_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
-        untar = subprocess.run(["tar", "-x", "-f", "-", "--no-same-owner", "-C", str(tmp)],
-                               stdin=archive.stdout, capture_output=True)
+        untar = subprocess.run(
+            ["tar", "-x", "-f", "-", "--no-same-owner", "-C", str(tmp)],
+            stdin=archive.stdout,
+            capture_output=True,
+        )
     except FileNotFoundError as e:
         archive.kill()
         raise UpstreamError("tar is not installed or not on PATH; install tar and retry") from e

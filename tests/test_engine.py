@@ -1,0 +1,269 @@
+"""The engine on real 0.5.14 trees: atomic, idempotent, exact revert, dirty refusal, kills."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.local import LocalTransport
+from patchset import api
+from patchset.engine import blob_id
+from patchset.errors import LockedError
+from patchset.manifest import load_series
+from patchset.selection import Selection, plan
+from patchset.upstream import materialize
+from seriesfactory import CHAT, DSV4, INDEXER
+
+ENGINE = Path(api.__file__).with_name("engine.py")
+TOUCHED = (CHAT, DSV4, INDEXER)
+
+
+@pytest.fixture(params=["git", "wheel"])
+def target(request, pinned_base, tmp_path: Path) -> Path:
+    return materialize(pinned_base, tmp_path / f"tree-{request.param}", layout=request.param)
+
+
+@pytest.fixture()
+def git_target(pinned_base, tmp_path: Path) -> Path:
+    return materialize(pinned_base, tmp_path / "tree-git", layout="git")
+
+
+@pytest.fixture()
+def series(series_dir: Path):
+    return load_series(series_dir / "patches.yaml")
+
+
+def disk(target: Path, path: str) -> Path:
+    return target / path if (target / "python").is_dir() else target / path[len("python/"):]
+
+
+def snapshot(target: Path) -> dict[str, bytes]:
+    return {p: disk(target, p).read_bytes() for p in TOUCHED}
+
+
+def do_apply(series, target: Path, **selection) -> api.HostResult:
+    chosen = plan(series, Selection(**selection))
+    [result] = api.apply(series, chosen, [LocalTransport(target)])
+    return result
+
+
+def head(target: Path) -> str | None:
+    if not (target / ".git").exists():
+        return None
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=target, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def state(target: Path) -> dict | None:
+    path = target / ".patchset" / "state.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_apply_commits_with_trailers_and_records_state(series, git_target: Path) -> None:
+    result = do_apply(series, git_target, tier="moderate")
+    assert result.ok and result.changed, result.error
+    assert result.after == ["chat-a", "dsv4-b", "idx-c"]
+    log = subprocess.run(["git", "log", "--format=%B%x00", "-3"], cwd=git_target,
+                         capture_output=True, text=True, check=True).stdout
+    bodies = [b.strip() for b in log.split("\0") if b.strip()]
+    assert [b.split(":")[0] for b in bodies] == ["idx-c", "dsv4-b", "chat-a"]
+    sha = series.by_name()["idx-c"].sha256
+    assert f"Patchset-Name: idx-c\nPatchset-Sha256: {sha}" in bodies[0]
+    st = state(git_target)
+    assert st["format"] == 1 and st["kind"] == "git" and st["head"] == head(git_target)
+    assert [a["name"] for a in st["applied"]] == ["chat-a", "dsv4-b", "idx-c"]
+    assert "# patch idx-c" in (git_target / INDEXER).read_text()
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=git_target, capture_output=True,
+                          text=True).stdout == ""
+
+
+def test_apply_twice_changes_nothing(series, target: Path) -> None:
+    assert do_apply(series, target, tier="moderate").changed
+    before = (snapshot(target), head(target), (target / ".patchset/state.json").read_bytes())
+    again = do_apply(series, target, tier="moderate")
+    assert again.ok and not again.changed
+    assert (snapshot(target), head(target),
+            (target / ".patchset/state.json").read_bytes()) == before
+
+
+def test_revert_is_byte_identical_to_fresh_apply(series, target: Path, pinned_base,
+                                                  tmp_path: Path) -> None:
+    assert do_apply(series, target).changed
+    result = api.revert(series, ["dsv4-b"], LocalTransport(target), with_dependents=True)
+    assert result.ok, result.error
+    assert result.reverted == ["dsv4-b", "idx-d"]
+    assert result.after == ["chat-a", "idx-c", "chat-e"]
+    layout = "git" if (target / ".git").exists() else "wheel"
+    fresh = materialize(pinned_base, tmp_path / "fresh", layout=layout)
+    assert do_apply(series, fresh, only=("chat-a", "idx-c", "chat-e")).changed
+    assert snapshot(target) == snapshot(fresh)
+    assert head(target) == head(fresh)   # deterministic commits: same ids too
+    assert "# patch dsv4-b" not in disk(target, DSV4).read_text()
+
+
+def test_revert_refuses_dependents_and_unknown(series, git_target: Path) -> None:
+    do_apply(series, git_target)
+    before = snapshot(git_target)
+    result = api.revert(series, ["idx-c"], LocalTransport(git_target))
+    assert not result.ok and result.exit_code == 2
+    assert "idx-d depend(s) on idx-c" in result.error and "--with-dependents" in result.error
+    assert snapshot(git_target) == before
+    do_apply(series, git_target, tier="safe")
+    result = api.revert(series, ["idx-c"], LocalTransport(git_target))
+    assert "idx-c not applied" in result.error and "applied: chat-a" in result.error
+
+
+def test_failure_in_the_middle_leaves_tree_and_state_untouched(series_dir: Path,
+                                                               target: Path) -> None:
+    series = load_series(series_dir / "patches.yaml")
+    do_apply(series, target, tier="safe")
+    before = (snapshot(target), head(target), state(target))
+    # Break idx-c's context (not its index line): the manifest is still valid.
+    patch = series_dir / "patches" / "idx-c.patch"
+    patch.write_text(patch.read_text().replace(" from __future__ import annotations",
+                                               " from __future__ import braces", 1))
+    series = load_series(series_dir / "patches.yaml")
+    result = do_apply(series, target)
+    assert not result.ok and "patch idx-c does not apply" in result.error
+    assert (snapshot(target), head(target), state(target)) == before
+    assert not (target / ".patchset" / "journal.json").exists()
+
+
+def test_post_image_mismatch_is_refused(series_dir: Path, git_target: Path) -> None:
+    patch = series_dir / "patches" / "chat-a.patch"
+    text = patch.read_text()
+    post = text.split("index ")[1].split("..")[1][:40]
+    patch.write_text(text.replace(post, "1" * 40))
+    result = do_apply(load_series(series_dir / "patches.yaml"), git_target, tier="safe")
+    assert not result.ok and "post-image" in result.error
+    assert state(git_target) is None
+
+
+def test_hand_edit_refused_with_diff_and_kept(series, target: Path) -> None:
+    do_apply(series, target, tier="safe")
+    chat = disk(target, CHAT)
+    chat.write_text(chat.read_text() + "# my hand edit\n")
+    edited = chat.read_bytes()
+    result = do_apply(series, target, tier="moderate")
+    assert not result.ok
+    assert "entrypoints/openai/serving_chat.py" in result.error and "nothing was changed" in \
+        result.error
+    assert "+# my hand edit" in result.details
+    assert chat.read_bytes() == edited
+    st = api.status(series, LocalTransport(target))
+    assert api.has_findings(st)
+    found = st["dirty"] if (target / ".git").exists() else [d["path"] for d in st["drift"]]
+    assert any("serving_chat.py" in f for f in found)
+
+
+def test_not_the_pinned_base_is_refused(series, pinned_base, tmp_path: Path) -> None:
+    tree = materialize(pinned_base, tmp_path / "plain", layout="wheel")
+    dsv4 = disk(tree, DSV4)
+    dsv4.write_text(dsv4.read_text() + "\n# local fork\n")
+    result = do_apply(series, tree, tier="moderate")
+    assert not result.ok and "is not the pinned base" in result.error
+    assert "deepseek_v4.py" in result.error
+    assert not (tree / ".patchset" / "state.json").exists()
+
+
+def test_foreign_commit_is_refused_and_reported(series, git_target: Path) -> None:
+    do_apply(series, git_target, tier="safe")
+    (git_target / "NOTES").write_text("x\n")
+    subprocess.run(["git", "add", "NOTES"], cwd=git_target, check=True)
+    subprocess.run(["git", "commit", "-qm", "local tweak"], cwd=git_target, check=True)
+    st = api.status(series, LocalTransport(git_target))
+    assert len(st["foreign_commits"]) == 1 and "local tweak" in st["foreign_commits"][0]
+    result = do_apply(series, git_target, tier="moderate")
+    assert not result.ok and "commits on top of the patchset series" in result.error
+
+
+def test_lock_names_the_holder(series, git_target: Path) -> None:
+    meta = git_target / ".patchset"
+    meta.mkdir()
+    with open(meta / "lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (meta / "lock.json").write_text(json.dumps({"pid": 4242, "host": "gpu1", "op": "apply",
+                                                    "since": "2026-11-29T00:00:00Z"}))
+        chosen = plan(series, Selection(tier="safe"))
+        [result] = api.apply(series, chosen, [LocalTransport(git_target)], lock_wait=0.3)
+        assert not result.ok
+        assert "locked by patchset apply (pid 4242 on gpu1" in result.error
+        st = api.status(series, LocalTransport(git_target))
+        assert "pid 4242" in st["locked_by"]
+    assert do_apply(series, git_target, tier="safe").ok
+
+
+def test_locked_error_type(series, git_target: Path) -> None:
+    meta = git_target / ".patchset"
+    meta.mkdir()
+    with open(meta / "lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        request, files = api.make_request(series, "apply", series.patches[:1])
+        with pytest.raises(LockedError):
+            api.raise_for("h", LocalTransport(git_target).run_engine(request, files))
+
+
+# ---------------------------------------------------------------- kill -9 at every point
+
+CRASH_POINTS = ["staged", "journal", "file:0", "file:1", "file:2", "ref", "state"]
+
+
+def run_engine_subprocess(series, target: Path, bundle: Path, selection: Selection,
+                          crash: str | None) -> subprocess.CompletedProcess:
+    chosen = plan(series, selection).patches
+    request, files = api.make_request(series, "apply", chosen, target=str(target))
+    bundle.mkdir(exist_ok=True)
+    for name, source in files.items():
+        (bundle / name).parent.mkdir(parents=True, exist_ok=True)
+        (bundle / name).write_bytes(source.read_bytes())
+    (bundle / "request.json").write_text(json.dumps(request))
+    env = dict(os.environ, PATCHSET_TEST_CRASH_AT=crash or "")
+    return subprocess.run([sys.executable, str(ENGINE), str(bundle)], env=env,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("crash", CRASH_POINTS)
+def test_kill_at_any_point_then_status_and_apply(series, target: Path, tmp_path: Path,
+                                                 pinned_base, crash: str) -> None:
+    do_apply(series, target, tier="safe")
+    old = snapshot(target)
+    layout = "git" if (target / ".git").exists() else "wheel"
+    fresh = materialize(pinned_base, tmp_path / "fresh", layout=layout)
+    do_apply(series, fresh)
+    new = snapshot(fresh)
+
+    proc = run_engine_subprocess(series, target, tmp_path / "bundle", Selection(), crash)
+    if crash == "ref" and layout == "wheel":
+        assert proc.returncode == 0   # no ref to move on a plain tree: ran to the end
+    else:
+        assert proc.returncode == -9, proc.stdout + proc.stderr
+    current = snapshot(target)
+    for path in TOUCHED:   # every file is either old or new, never in between
+        assert current[path] in (old[path], new[path]), path
+
+    st = api.status(series, LocalTransport(target))
+    interrupted = proc.returncode == -9 and crash != "staged"   # killed after the journal
+    assert (st["interrupted"] is not None) == interrupted
+    if interrupted:
+        assert st["interrupted"]["next"] == "the next apply or revert finishes it"
+
+    result = do_apply(series, target)
+    assert result.ok, result.error
+    assert bool(result.recovered) == interrupted
+    assert snapshot(target) == new
+    assert head(target) == head(fresh)
+    assert not api.has_findings(api.status(series, LocalTransport(target)))
+
+
+def test_engine_is_stdlib_only() -> None:
+    """The engine ships to hosts with only python3 and git: no third-party imports."""
+    code = ("import sys, runpy; sys.path = [p for p in sys.path if 'site-packages' not in p]; "
+            f"runpy.run_path({str(ENGINE)!r}, run_name='engine_check')")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -40,8 +40,11 @@ LockWaitOpt = typer.Option(0.0, "--lock-wait", help="seconds to wait for another
 # ---------------------------------------------------------------- rendering helpers
 
 def _console(stderr: bool = False):
+    """Rich on a terminal; plain, uncoloured and never truncated when piped."""
     from rich.console import Console
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, highlight=False, soft_wrap=True,
+                   width=None if tty else 1000, no_color=not tty)
 
 
 def _emit_json(value: Any) -> None:

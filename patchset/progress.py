@@ -7,9 +7,9 @@ NullProgress (the default everywhere).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
-from collections.abc import Callable, Iterator
 
 Advance = Callable[[int], None]
 

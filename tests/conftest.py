@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:          # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
+TESTS = Path(__file__).resolve().parent
+for _p in (ROOT, TESTS):
+    if str(_p) not in sys.path:  # run from a checkout without `pip install -e .`
+        sys.path.insert(0, str(_p))
 
 from patchset.model import GitPin, PypiPin, UpstreamPin  # noqa: E402
 from patchset.upstream import BaseTree, fetch_wheel, provision  # noqa: E402
@@ -49,3 +51,31 @@ def pinned_base(pinned_pin: UpstreamPin) -> BaseTree:
 def pinned_wheel(pinned_pin: UpstreamPin) -> Path:
     """The verified 0.5.14 wheel in the shared cache; copy it, never modify it."""
     return fetch_wheel(pinned_pin)
+
+
+@pytest.fixture(scope="session")
+def series_template(pinned_base: BaseTree, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A five-patch series of real edits to real 0.5.14 files (see seriesfactory)."""
+    from seriesfactory import build_series, default_patches
+
+    root = tmp_path_factory.mktemp("series-template")
+    build_series(pinned_base, root, default_patches())
+    return root
+
+
+@pytest.fixture()
+def series_dir(series_template: Path, tmp_path: Path) -> Path:
+    """A private, mutable copy of the template series."""
+    import shutil
+
+    dest = tmp_path / "series"
+    shutil.copytree(series_template, dest, ignore=shutil.ignore_patterns("authoring"))
+    return dest
+
+
+@pytest.fixture()
+def patchset_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Isolate the default local target per test."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("PATCHSET_HOME", str(home))
+    return home

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from . import __version__, engine
 from .errors import (HostUnreachable, LockedError, PatchsetError, TargetError, UsageError)
@@ -76,14 +77,24 @@ class HostResult:
     recovered: dict | None = None
     dry_run: bool = False
     reverted: list[str] = field(default_factory=list)
+    provisioned: str | None = None
     error: str | None = None
     details: str = ""
     exit_code: int = 0
 
 
-def _run_on(transport: Transport, request: dict, files: dict[str, Path]) -> HostResult:
+BaseProvider = Callable[[], "tuple[str, Path]"]   # -> (base commit, bundle file)
+
+
+def _run_on(transport: Transport, request: dict, files: dict[str, Path],
+            base_provider: BaseProvider | None = None) -> HostResult:
     try:
-        result = raise_for(transport.host, transport.run_engine(request, files))
+        raw = transport.run_engine(request, files)
+        if (raw.get("error") or {}).get("kind") == "need_base" and base_provider:
+            commit, bundle = base_provider()
+            request = dict(request, base=dict(request.get("base") or {}, commit=commit))
+            raw = transport.run_engine(request, {**files, "base.bundle": bundle})
+        result = raise_for(transport.host, raw)
     except (HostUnreachable, TargetError, UsageError) as exc:
         return HostResult(host=transport.host, ok=False, error=str(exc),
                           details=getattr(exc, "details", ""), exit_code=exc.exit_code)
@@ -91,15 +102,27 @@ def _run_on(transport: Transport, request: dict, files: dict[str, Path]) -> Host
                       target=result.get("target"), before=result.get("before", []),
                       after=result.get("after", []), head=result.get("head"),
                       recovered=result.get("recovered"), dry_run=result.get("dry_run", False),
-                      reverted=result.get("reverted", []))
+                      reverted=result.get("reverted", []), provisioned=result.get("provisioned"))
+
+
+def on_hosts(transports: list[Transport], work: Callable[[Transport], Any]) -> list[Any]:
+    """Run `work` on every host at once; results in the order of `transports`."""
+    if len(transports) <= 1:
+        return [work(t) for t in transports]
+    with ThreadPoolExecutor(max_workers=min(16, len(transports))) as pool:
+        return list(pool.map(work, transports))
 
 
 def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: bool = False,
-          lock_wait: float = 0.0) -> list[HostResult]:
+          lock_wait: float = 0.0, base_provider: BaseProvider | None = None) -> list[HostResult]:
     """Make each host run exactly the planned selection (declarative, idempotent)."""
+    pin = series.upstream
+    git_pin = {"url": pin.git.url, "ref": pin.git.ref} if pin.git else None
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
-                                  lock_wait=lock_wait)
-    return [_run_on(t, dict(request, target=_target_of(t)), files) for t in transports]
+                                  lock_wait=lock_wait, base={"git": git_pin})
+    return on_hosts(transports, lambda t: _run_on(
+        t, dict(request, target=_target_of(t), provision=getattr(t, "provisions", False)),
+        files, base_provider))
 
 
 def revert(series: Series, names: list[str], transport: Transport, with_dependents: bool = False,
@@ -123,6 +146,14 @@ def status(series: Series, transport: Transport) -> dict:
     return result
 
 
+def status_or_error(series: Series, transport: Transport) -> dict:
+    """Status of one host, or a record of why it could not be had (for fleets)."""
+    try:
+        return status(series, transport)
+    except (HostUnreachable, TargetError, UsageError) as exc:
+        return {"host": transport.host, "error": str(exc), "exit_code": exc.exit_code}
+
+
 def _pinned_summary(series: Series, result: dict) -> str:
     pin = f"{series.upstream.name} {series.upstream.version}"
     if not result.get("managed"):
@@ -135,7 +166,8 @@ def _target_of(transport: Transport) -> str:
 
 
 def has_findings(state: dict) -> bool:
-    return bool(state.get("drift") or state.get("dirty") or state.get("foreign_commits")
+    interp = state.get("interpreter") or {}
+    return interp.get("managed") is False or bool(state.get("drift") or state.get("dirty") or state.get("foreign_commits")
                 or state.get("interrupted"))
 
 

@@ -17,7 +17,8 @@ from typing import Any, List, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, PatchsetError, UsageError
+from .errors import (EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_UNREACHABLE, PatchsetError,
+                     UsageError)
 from .model import Series
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -93,13 +94,60 @@ def _selection(tier, path, only, exclude):
     return Selection(tier=tier, path=path, only=parse_names(only), exclude=parse_names(exclude))
 
 
-def _transport(series: Series, host: str, target: Optional[Path]):
-    """Resolve HOST to a transport; localhost gets the provisioned default tree."""
-    if host not in ("localhost", "local"):
-        raise UsageError(f"host {host!r}: remote hosts are not supported by this build yet; "
-                         "use localhost (with --target DIR for another tree)")
-    from deploy.local import LocalTransport
-    return LocalTransport(target or _default_local_target(series), host="localhost")
+class Hosts:
+    """HOST arguments -> transports, through the inventory; closes connections at the end."""
+
+    def __init__(self, series: Series, inventory: Optional[Path], target: Optional[Path],
+                 accept_new: bool = False) -> None:
+        from deploy import inventory as inv
+        self.series, self.target, self.accept_new = series, target, accept_new
+        self.inventory = inv.load(inventory)
+        self.opened: list = []
+
+    def default(self) -> str:
+        return self.inventory.default or "localhost"
+
+    def transport(self, spec: str, provision_local: bool = True):
+        host = self.inventory.resolve(spec)
+        if host.local:
+            from deploy.local import LocalTransport
+            tree = self.target or (Path(host.tree) if host.tree else None)
+            return LocalTransport(tree or _local_default(self.series, provision_local))
+        if self.target is not None and not str(self.target).startswith(("/", "~")):
+            raise UsageError(f"--target {self.target}: use an absolute path on {spec}")
+        from deploy.ssh import SshTransport
+        from .paths import remote_default_target
+        tree = str(self.target) if self.target else host.tree or remote_default_target(
+            self.series.upstream)
+        transport = SshTransport(host, tree, accept_new=self.accept_new, python=host.python)
+        self.opened.append(transport)
+        return transport
+
+    def __enter__(self) -> "Hosts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for transport in self.opened:
+            transport.close()
+
+
+def _local_default(series: Series, provision: bool) -> Path:
+    from .paths import default_target
+    path = default_target(series.upstream)
+    if not path.exists() and not provision:
+        raise UsageError(f"localhost: no tree at {path} yet; run "
+                         "`patchset apply --tier safe localhost` to provision it")
+    return _default_local_target(series) if provision else path
+
+
+def _base_provider(series: Series):
+    """Ship the pinned base to a host that has no tree and cannot fetch it itself."""
+    def provide():
+        from .basebundle import base_bundle
+        from .upstream import provision
+        base = provision(series.upstream, progress=RichProgress())
+        return base.commit, base_bundle(base)
+    return provide
 
 
 def _default_local_target(series: Series) -> Path:
@@ -239,20 +287,30 @@ def plan_cmd(host: Optional[str] = typer.Argument(None, help="host (for display 
                   f"{' for ' + host if host else ''}")
 
 
+InventoryOpt = typer.Option(None, "--inventory", help="hosts.yaml [default: ./hosts.yaml or "
+                            "$PATCHSET_INVENTORY]")
+AcceptNewOpt = typer.Option(False, "--accept-new", help="record the key of a host seen for "
+                            "the first time (a changed key is always refused)")
+
+
 @app.command()
-def apply(hosts: List[str] = typer.Argument(..., help="localhost (or HOST...)"),
+def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                            "localhost; several run in parallel"),
           tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
           only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
           dry_run: bool = typer.Option(False, "--dry-run", help="plan and verify, change nothing"),
           target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+          inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
           as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Make each host run exactly the selected patches, atomically."""
     from . import api
     from .selection import plan
     s = _series(series)
     selected = plan(s, _selection(tier, path, only, exclude))
-    transports = [_transport(s, h, target) for h in hosts]
-    results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait)
+    with Hosts(s, inventory, target, accept_new) as resolver:
+        transports = [resolver.transport(h) for h in hosts]
+        results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
+                            base_provider=_base_provider(s))
     _finish(results, as_json, "apply")
 
 
@@ -263,9 +321,24 @@ def _finish(results, as_json: bool, verb: str) -> None:
         _say(_result_line(r, verb))
         if r.details and not as_json:
             _say(r.details)
-    code = max((r.exit_code for r in results), default=0)
+    if len(results) > 1:
+        _say(_summary(results))
+    codes = {r.exit_code for r in results}
+    code = EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes, default=0)
     if code:
         raise typer.Exit(code)
+
+
+def _summary(results) -> str:
+    ok = [r.host for r in results if r.ok]
+    down = [r.host for r in results if r.exit_code == EXIT_UNREACHABLE]
+    failed = [r.host for r in results if not r.ok and r.host not in down]
+    parts = [f"{len(ok)} ok"]
+    if down:
+        parts.append(f"{len(down)} unreachable ({', '.join(down)})")
+    if failed:
+        parts.append(f"{len(failed)} failed ({', '.join(failed)})")
+    return f"{len(results)} hosts: " + ", ".join(parts)
 
 
 def _result_line(r, verb: str) -> str:
@@ -283,54 +356,53 @@ def _result_line(r, verb: str) -> str:
 
 @app.command()
 def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
-           host: Optional[str] = typer.Option(None, "--host", help="[default: localhost]"),
+           host: Optional[str] = typer.Option(None, "--host", help="[default: the inventory's "
+                                              "default host, else localhost]"),
            with_dependents: bool = typer.Option(False, "--with-dependents",
                                                 help="also revert patches that depend on it"),
            target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+           inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
            as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Take patches out of a host's tree and keep the rest, exactly."""
     from . import api
     s = _series(series)
-    result = api.revert(s, names, _transport(s, host or "localhost", target),
-                        with_dependents=with_dependents, lock_wait=lock_wait)
+    with Hosts(s, inventory, target, accept_new) as resolver:
+        transport = resolver.transport(host or resolver.default(), provision_local=False)
+        result = api.revert(s, names, transport, with_dependents=with_dependents,
+                            lock_wait=lock_wait)
     _finish([result], as_json, "revert")
 
 
 @app.command()
-def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: localhost]"),
-           target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt,
+def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the inventory's "
+                                                       "default host, else localhost]"),
+           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+           accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
            series: Optional[Path] = SeriesOpt) -> None:
-    """Base, applied patches, drift and state version of each host's tree."""
+    """Base, applied patches, drift, state version, and the tree the server imports."""
     from . import api
     s = _series(series)
-    states = []
-    for host in hosts or ["localhost"]:
-        transport = _transport_for_status(s, host, target)
-        states.append(api.status(s, transport))
+    with Hosts(s, inventory, target, accept_new) as resolver:
+        transports = [resolver.transport(h, provision_local=False)
+                      for h in hosts or [resolver.default()]]
+        states = api.on_hosts(transports, lambda t: api.status_or_error(s, t))
     if as_json:
         _emit_json(states)
     else:
         for state in states:
             _render_status(state)
-    if any(api.has_findings(st) for st in states):
-        raise typer.Exit(EXIT_FINDINGS)
-
-
-def _transport_for_status(s: Series, host: str, target: Optional[Path]):
-    """Status never provisions: it reports what is there."""
-    if host in ("localhost", "local") and target is None:
-        from deploy.local import LocalTransport
-        from .paths import default_target
-        path = default_target(s.upstream)
-        if not path.exists():
-            raise UsageError(f"localhost: no tree at {path} yet; run "
-                             "`patchset apply --tier safe localhost` to provision it")
-        return LocalTransport(path)
-    return _transport(s, host, target)
+    codes = {st.get("exit_code", 0) for st in states}
+    if EXIT_UNREACHABLE in codes:
+        raise typer.Exit(EXIT_UNREACHABLE)
+    if any(api.has_findings(st) for st in states) or codes - {0}:
+        raise typer.Exit(max(codes | {EXIT_FINDINGS}))
 
 
 def _render_status(st: dict) -> None:
     console = _console()
+    if st.get("error"):
+        console.print(f"[bold]{st['host']}[/bold]: [red]{st['error']}[/red]")
+        return
     console.print(f"[bold]{st['host']}[/bold] {st['target']} ({st['kind']} tree, "
                   f"{st['layout']} layout)")
     console.print(f"  base: {st['pinned_base']}"
@@ -349,6 +421,12 @@ def _render_status(st: dict) -> None:
     if st.get("interrupted"):
         i = st["interrupted"]
         console.print(f"  [yellow]interrupted {i['op']} ({i['id']}): {i['next']}[/yellow]")
+    interp = st.get("interpreter")
+    if interp:
+        where = interp.get("imports") or interp.get("error") or "no sglang"
+        mark = "" if interp.get("managed") else "  [red]NOT the managed tree: patches here " \
+            "are a silent no-op for the server[/red]"
+        console.print(f"  {interp['python']} imports {where}{mark}")
     if st.get("locked_by"):
         console.print(f"  locked by {st['locked_by']}", markup=False)
     if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted")):

@@ -120,11 +120,12 @@ class Target:
     """One SGLang tree: a git checkout (python/sglang/...) or a plain wheel-layout dir."""
 
     def __init__(self, root: str, git_prefix: str, package: str) -> None:
-        self.root = Path(root).resolve()
+        self.root = Path(os.path.expanduser(root)).resolve()
         if not self.root.is_dir():
             raise EngineError(f"target {root} does not exist or is not a directory", "usage")
         self.prefix = git_prefix
         self.is_git = (self.root / ".git").exists()
+        self.package = package
         self.layout = self._layout(root, package)
         self.meta = self.root / META
 
@@ -597,7 +598,7 @@ def _dependents(applied: list[dict], remove: set[str]) -> list[str]:
     return out
 
 
-def op_status(target: Target) -> dict:
+def op_status(target: Target, request: dict) -> dict:
     """Read-only: never takes the lock, never repairs; says what the next command will do."""
     state = target.state()
     journal = read_json(target.journal_file)
@@ -619,7 +620,33 @@ def op_status(target: Target) -> dict:
                          "files": len(journal["files"]),
                          "next": "the next apply or revert finishes it"} if journal else None),
         "locked_by": _lock_holder(target),
+        "interpreter": interpreter_facts(target, request.get("python")),
     }
+
+
+FIND_SPEC = ("import importlib.util as u, json, sys; s = u.find_spec(sys.argv[1]); "
+             "print(json.dumps({'origin': s.origin if s else None, "
+             "'version': sys.version.split()[0]}))")
+
+
+def interpreter_facts(target: Target, python: str | None) -> dict | None:
+    """Which tree does the SGLang interpreter really import? (Without importing it.)"""
+    if not python:
+        return None
+    package = target.package
+    try:
+        proc = subprocess.run([python, "-c", FIND_SPEC, package], capture_output=True,
+                              text=True, timeout=60, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"python": python, "imports": None, "managed": None, "error": str(exc)}
+    if proc.returncode != 0:
+        return {"python": python, "imports": None, "managed": None,
+                "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    origin = json.loads(proc.stdout)["origin"]
+    managed_dir = target.disk(target.prefix + package)
+    managed = bool(origin) and Path(origin).resolve().parent == managed_dir.resolve()
+    return {"python": python, "imports": origin, "managed": managed,
+            "expected": str(managed_dir / "__init__.py")}
 
 
 def _lock_holder(target: Target) -> str | None:
@@ -634,20 +661,61 @@ def _lock_holder(target: Target) -> str | None:
             return target._holder()
 
 
+def provision_base(request: dict, bundle: Path) -> str:
+    """No tree yet: clone the pin from the git remote if this host reaches it, else from
+    the base bundle the controller shipped; else ask for the bundle (kind need_base)."""
+    dest = Path(os.path.expanduser(request["target"]))
+    base = request.get("base") or {}
+    tmp = dest.parent / f".{dest.name}.provisioning-{os.getpid()}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    source = _clone_base(base, bundle, tmp)
+    if source is None:
+        raise EngineError(f"no tree at {dest} and the pinned base is not reachable from this "
+                          "host", "need_base")
+    for key, value in (("user.name", AUTHOR[0]), ("user.email", AUTHOR[1])):
+        git(tmp, "config", key, value)
+    os.rename(tmp, dest)
+    return source
+
+
+def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
+    shipped = bundle / "base.bundle"
+    attempts = [("controller", str(shipped), None)] if shipped.exists() else []
+    if base.get("git") and not shipped.exists():
+        attempts.append(("git", base["git"]["url"], base["git"]["ref"]))
+    for source, url, ref in attempts:
+        args = ["clone", "-q", "--no-checkout"] + (["--depth", "1", "--branch", ref] if ref
+                                                    else []) + [url, str(tmp)]
+        try:
+            subprocess.run(["git", *args], capture_output=True, env=git_env(), timeout=120,
+                           check=True)
+            git(tmp, "checkout", "-q", "-B", "patchset-base",
+                base["commit"] if source == "controller" else "HEAD")
+            return source
+        except (subprocess.SubprocessError, EngineError):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return None
+
+
 def run(request: dict, bundle: str | Path = ".") -> dict:
     """Execute one request; always returns a JSON-able dict (errors included)."""
     try:
+        provisioned = None
+        if (request["op"] == "apply" and request.get("provision") and not request.get("dry_run")
+                and not Path(os.path.expanduser(request["target"])).exists()):
+            provisioned = provision_base(request, Path(bundle))
         target = Target(request["target"], request.get("git_prefix", "python/"),
                         request.get("package", "sglang"))
         if request["op"] == "status":
-            return {"ok": True, **op_status(target)}
+            return {"ok": True, **op_status(target, request)}
         ops = {"apply": op_apply, "revert": op_revert}
         if request["op"] not in ops:
             raise EngineError(f"unknown op {request['op']!r}", "usage")
         with target.lock(float(request.get("lock_wait", 0)), request["op"]):
             recovered = recover(target)
             result = ops[request["op"]](target, request, Path(bundle))
-        return {"ok": True, "recovered": recovered, **result}
+        return {"ok": True, "recovered": recovered, "provisioned": provisioned, **result}
     except EngineError as exc:
         return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
                                        "details": exc.details}}

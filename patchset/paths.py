@@ -24,3 +24,8 @@ def default_target(pin: UpstreamPin) -> Path:
 def default_series() -> Path:
     """patches.yaml in the current directory, unless $PATCHSET_SERIES says otherwise."""
     return Path(os.environ.get("PATCHSET_SERIES", "patches.yaml"))
+
+
+def remote_default_target(pin: UpstreamPin) -> str:
+    """The tree on an SSH host with no inventory `tree:`; `~` is expanded on the host."""
+    return f"~/.local/share/patchset/targets/{pin.name}-{pin.version}"

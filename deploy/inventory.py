@@ -1,0 +1,161 @@
+"""hosts.yaml: the fleet, and how a HOST argument resolves to one host.
+
+Every value here can end up on a remote command line or in a unit file, so each is
+checked against a strict pattern at load time (spaces, quotes, `;`, `$()`, newlines are
+refused with file:line: field), and is still quoted with shlex wherever it is used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchset import yamlsrc
+from patchset.errors import ManifestError, UsageError
+from patchset.yamlsrc import Located
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ADDRESS = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])$")
+USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
+HOST_KEYS = {"address": False, "user": False, "port": False, "tree": False, "python": False,
+             "identity_file": False, "proxy_jump": False, "roles": False}
+ROLE_NAMES = ("prefill", "decode", "router")
+SPEC = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host as the transports need it."""
+
+    name: str                      # what the user typed or the inventory key
+    address: str                   # what to connect to (may be an ~/.ssh/config alias)
+    user: str | None = None
+    port: int | None = None
+    tree: str | None = None        # the SGLang tree patchset manages there
+    python: str = "python3"        # the interpreter that serves SGLang there
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+    roles: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def local(self) -> bool:
+        return self.address in ("localhost", "local") and self.name in ("localhost", "local")
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str | None
+    hosts: dict[str, Host]
+    default: str | None
+
+    def resolve(self, spec: str) -> Host:
+        """An inventory name, `user@host[:port]`, or `localhost`."""
+        if spec in self.hosts:
+            return self.hosts[spec]
+        return parse_spec(spec)
+
+
+def parse_spec(spec: str) -> Host:
+    if spec in ("localhost", "local"):
+        return Host(name="localhost", address="localhost")
+    match = SPEC.match(spec)
+    if not match:
+        raise UsageError(f"host {spec!r}: expected an inventory name, user@host[:port] or "
+                         "localhost")
+    user, host, port = match.group("user"), match.group("host"), match.group("port")
+    if user is not None and not USER.match(user):
+        raise UsageError(f"host {spec!r}: user {user!r} is not a valid user name")
+    if not ADDRESS.match(host):
+        raise UsageError(f"host {spec!r}: {host!r} is not a valid host name or address")
+    if port is not None and not 0 < int(port) < 65536:
+        raise UsageError(f"host {spec!r}: port {port} is out of range")
+    return Host(name=spec, address=host.strip("[]"), user=user,
+                port=int(port) if port else None)
+
+
+def default_path() -> Path:
+    return Path(os.environ.get("PATCHSET_INVENTORY", "hosts.yaml"))
+
+
+def load(path: str | Path | None = None) -> Inventory:
+    """Load the inventory; a missing default file is an empty inventory."""
+    file = Path(path) if path else default_path()
+    if not file.exists():
+        if path:
+            raise ManifestError(str(file), None, "(file)", "not found")
+        return Inventory(None, {}, None)
+    doc = yamlsrc.load(file.read_text(encoding="utf-8"), str(file))
+    data = _mapping(doc, (), doc.data, {"version": False, "default": False, "hosts": True})
+    if data.get("version", 1) != 1:
+        raise doc.error(("version",), "unsupported inventory version (this patchset reads 1)")
+    hosts_raw = _mapping(doc, ("hosts",), data["hosts"], None)
+    hosts = {name: _host(doc, name, value) for name, value in hosts_raw.items()}
+    default = data.get("default")
+    if default is not None and default not in hosts and default != "localhost":
+        raise doc.error(("default",), f"{default!r} is not a host in this inventory")
+    return Inventory(str(file), hosts, default)
+
+
+def _mapping(doc: Located, where: tuple, value: Any, allowed: dict | None) -> dict:
+    if not isinstance(value, dict):
+        raise doc.error(where, "must be a mapping")
+    for key in value:
+        if allowed is not None and key not in allowed:
+            raise doc.error(where + (key,), f"unknown key (allowed: {', '.join(allowed)})")
+    for key, required in (allowed or {}).items():
+        if required and key not in value:
+            raise doc.error(where, f"missing required key {key!r}")
+    return value
+
+
+def _checked(doc: Located, where: tuple, value: Any, pattern: re.Pattern, what: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise doc.error(where, f"{value!r} is not {what} (no spaces, quotes, ;, $, "
+                        "backticks or newlines)")
+    return value
+
+
+def _host(doc: Located, name: Any, value: Any) -> Host:
+    where = ("hosts", name)
+    if not isinstance(name, str) or not NAME.match(name):
+        raise doc.error(where, f"host name {name!r} must match {NAME.pattern}")
+    h = _mapping(doc, where, value or {}, HOST_KEYS)
+    port = h.get("port")
+    if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+        raise doc.error(where + ("port",), f"{port!r} is not a TCP port")
+    return Host(
+        name=name,
+        address=_checked(doc, where + ("address",), h.get("address", name), ADDRESS,
+                         "a host name or address"),
+        user=_opt(doc, where + ("user",), h.get("user"), USER, "a user name"),
+        port=port,
+        tree=_opt(doc, where + ("tree",), h.get("tree"), ABS_PATH, "an absolute path"),
+        python=_opt(doc, where + ("python",), h.get("python"), ABS_PATH,
+                    "an absolute path") or "python3",
+        identity_file=_opt(doc, where + ("identity_file",), h.get("identity_file"),
+                           re.compile(r"^~?/[A-Za-z0-9_./+@-]*$"), "a key file path"),
+        proxy_jump=_opt(doc, where + ("proxy_jump",), h.get("proxy_jump"),
+                        re.compile(r"^[A-Za-z0-9_.@:,\[\]-]+$"), "a ProxyJump spec"),
+        roles=_roles(doc, where + ("roles",), h.get("roles")),
+    )
+
+
+def _opt(doc: Located, where: tuple, value: Any, pattern: re.Pattern, what: str) -> str | None:
+    return None if value is None else _checked(doc, where, value, pattern, what)
+
+
+def _roles(doc: Located, where: tuple, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    roles = _mapping(doc, where, value, {r: False for r in ROLE_NAMES})
+    for role, settings in roles.items():
+        if settings is not None and not isinstance(settings, dict):
+            raise doc.error(where + (role,), "must be a mapping of unit settings")
+        for key, item in (settings or {}).items():
+            if isinstance(item, str) and re.search(r"[\n\r\0]", item):
+                raise doc.error(where + (role, key), "must not contain newlines")
+    return {r: dict(s or {}) for r, s in roles.items()}

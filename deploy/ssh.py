@@ -1,0 +1,210 @@
+"""The SSH transport: the same engine, shipped to the host with the patches in one transfer.
+
+One fabric Connection per host for the life of the transport. Each operation is one SFTP
+upload of a tar (engine + request + patch files) into a fresh private directory and one
+command that unpacks, runs and removes it. Host keys are checked against known_hosts
+(fabric accepts any key by default): unknown keys are refused unless accept_new, changed
+keys always. Every argument of the remote command line is shlex-quoted.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import shlex
+import socket
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from patchset import engine
+from patchset.errors import HostUnreachable, TargetError
+
+from .inventory import Host
+
+BOOTSTRAP = """\
+import os, shutil, sys, tarfile, runpy
+d = sys.argv[1]
+try:
+    with tarfile.open(os.path.join(d, "bundle.tar")) as t:
+        t.extractall(d)
+    sys.argv = ["engine", d]
+    runpy.run_path(os.path.join(d, "engine.py"), run_name="__main__")
+finally:
+    shutil.rmtree(d, ignore_errors=True)
+"""
+REMOTE_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+CONNECT_TIMEOUT = 15
+
+
+class HostKeyRefused(HostUnreachable):
+    """The host's key is unknown (without --accept-new) or changed."""
+
+
+def known_hosts_files() -> list[Path]:
+    """$PATCHSET_KNOWN_HOSTS if set (tests, CI), else the system and user files."""
+    if os.environ.get("PATCHSET_KNOWN_HOSTS"):
+        return [Path(os.environ["PATCHSET_KNOWN_HOSTS"])]
+    return [Path("/etc/ssh/ssh_known_hosts"), Path.home() / ".ssh" / "known_hosts"]
+
+
+def _policies(known_hosts: Path, accept_new: bool):
+    import paramiko
+
+    class RejectUnknown(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):
+            raise HostKeyRefused(
+                f"{hostname}: unknown host key ({key.get_name()} "
+                f"SHA256:{_fingerprint(key)}); check it out of band, then rerun with "
+                f"--accept-new to record it in {known_hosts}")
+
+    class AcceptNew(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):
+            known_hosts.parent.mkdir(parents=True, exist_ok=True)
+            with open(known_hosts, "a", encoding="ascii") as handle:
+                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return AcceptNew() if accept_new else RejectUnknown()
+
+
+def _fingerprint(key: Any) -> str:
+    import base64
+    import hashlib
+    return base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+class SshTransport:
+    """Runs the engine on one SSH host; `target` is the tree path on that host."""
+
+    provisions = True   # a missing tree on a host is provisioned there from the pin
+
+    def __init__(self, host: Host, target: str, accept_new: bool = False,
+                 python: str | None = None) -> None:
+        self.host = host.name
+        self.spec = host
+        self.target = target
+        self.accept_new = accept_new
+        self.python = python
+        self._conn = None
+        self.round_trips = 0
+
+    # ------------------------------------------------------------ connection
+
+    def connection(self):
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self):
+        from fabric import Config, Connection
+        config = Config(runtime_ssh_path=os.environ.get("PATCHSET_SSH_CONFIG"))
+        h = self.spec
+        kwargs: dict[str, Any] = {}
+        if h.identity_file:
+            kwargs["key_filename"] = [os.path.expanduser(h.identity_file)]
+        gateway = Connection(h.proxy_jump, config=config) if h.proxy_jump else None
+        conn = Connection(h.address, user=h.user, port=h.port, config=config,
+                          connect_timeout=CONNECT_TIMEOUT, connect_kwargs=kwargs,
+                          gateway=gateway)
+        self._secure(conn)
+        try:
+            conn.open()
+        except HostUnreachable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every connect failure means unreachable
+            raise self._unreachable(exc) from None
+        return conn
+
+    def _secure(self, conn) -> None:
+        """Load known_hosts and refuse unknown keys, on the host and every gateway hop."""
+        files = known_hosts_files()
+        user_file = conn.ssh_config.get("userknownhostsfile")
+        if user_file and not os.environ.get("PATCHSET_KNOWN_HOSTS"):
+            files = [Path(os.path.expanduser(user_file.split()[0]))]
+        for file in files:
+            if file.exists():
+                conn.client.load_host_keys(str(file))
+        conn.client.set_missing_host_key_policy(_policies(files[-1], self.accept_new))
+        if conn.gateway is not None and not isinstance(conn.gateway, str):
+            self._secure(conn.gateway)
+
+    def _unreachable(self, exc: BaseException) -> HostUnreachable:
+        import paramiko
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return HostKeyRefused(
+                f"{self.host}: host key CHANGED (got {exc.key.get_name()} "
+                f"SHA256:{_fingerprint(exc.key)}); this may be an attack. If the host was "
+                "reinstalled, remove the old key with `ssh-keygen -R HOST` and reconnect "
+                "with --accept-new")
+        if isinstance(exc, paramiko.AuthenticationException):
+            return HostUnreachable(f"{self.host}: SSH authentication failed ({exc}); check "
+                                   "the user and key (inventory identity_file or ~/.ssh/config)")
+        reason = str(exc) or type(exc).__name__
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            reason = f"timed out after {CONNECT_TIMEOUT}s"
+        return HostUnreachable(f"{self.host}: unreachable ({reason})")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # ------------------------------------------------------------ engine
+
+    def run_engine(self, request: dict, files: dict[str, Path]) -> dict:
+        conn = self.connection()
+        request = dict(request, target=self.target)
+        if self.python:
+            request.setdefault("python", self.python)
+        remote = f"/tmp/patchset-{secrets.token_hex(8)}"
+        try:
+            sftp = conn.sftp()
+            sftp.mkdir(remote, 0o700)
+            sftp.putfo(io.BytesIO(_bundle(request, files)), f"{remote}/bundle.tar")
+            command = " ".join(shlex.quote(part) for part in
+                               ["env", *(f"{k}={v}" for k, v in REMOTE_ENV.items()),
+                                "python3", "-c", BOOTSTRAP, remote])
+            result = conn.run(command, hide=True, warn=True, in_stream=False,
+                              encoding="utf-8")
+            self.round_trips += 1
+        except HostUnreachable:
+            raise
+        except (OSError, EOFError) as exc:
+            raise self._unreachable(exc) from None
+        except Exception as exc:  # noqa: BLE001 - paramiko raises SSHException subclasses
+            import paramiko
+            if isinstance(exc, paramiko.SSHException):
+                raise self._unreachable(exc) from None
+            raise
+        return self._parse(result)
+
+    def _parse(self, result) -> dict:
+        lines = result.stdout.strip().splitlines()
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, ValueError):
+            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            raise TargetError(f"{self.host}: the engine exited {result.exited} without a "
+                              f"result ({' / '.join(tail) or 'no output'}); is python3 >= 3.8 "
+                              "and git installed there?") from None
+
+
+def _bundle(request: dict, files: dict[str, Path]) -> bytes:
+    """engine.py + request.json + patch files, as one tar."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _add(tar, "engine.py", Path(engine.__file__).read_bytes())
+        _add(tar, "request.json", json.dumps(request).encode())
+        for name, source in sorted(files.items()):
+            _add(tar, name, Path(source).read_bytes())
+    return buffer.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o600
+    tar.addfile(info, io.BytesIO(data))

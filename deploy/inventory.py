@@ -21,6 +21,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ADDRESS = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])$")
 USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
+REMOTE_PATH = re.compile(r"^(?:~/|/)[A-Za-z0-9_./+@-]*$")
 HOST_KEYS = {"address": False, "user": False, "port": False, "tree": False, "python": False,
              "identity_file": False, "proxy_jump": False, "roles": False}
 ROLE_NAMES = ("prefill", "decode", "router")

@@ -165,7 +165,7 @@ class SshTransport:
             sftp.mkdir(remote, 0o700)
             sftp.putfo(io.BytesIO(_bundle(request, files)), f"{remote}/bundle.tar")
             command = " ".join(shlex.quote(part) for part in
-                               ["env", *(f"{k}={v}" for k, v in REMOTE_ENV.items()),
+                               ["env", *(f"{k}={v}" for k, v in _remote_env().items()),
                                 "python3", "-c", BOOTSTRAP, remote])
             result = conn.run(command, hide=True, warn=True, in_stream=False,
                               encoding="utf-8")
@@ -190,6 +190,14 @@ class SshTransport:
             raise TargetError(f"{self.host}: the engine exited {result.exited} without a "
                               f"result ({' / '.join(tail) or 'no output'}); is python3 >= 3.8 "
                               "and git installed there?") from None
+
+
+def _remote_env() -> dict[str, str]:
+    """A UTF-8 locale, plus the engine's fault-injection hook when a test sets it."""
+    env = dict(REMOTE_ENV)
+    if os.environ.get("PATCHSET_TEST_CRASH_AT"):
+        env["PATCHSET_TEST_CRASH_AT"] = os.environ["PATCHSET_TEST_CRASH_AT"]
+    return env
 
 
 def _bundle(request: dict, files: dict[str, Path]) -> bytes:

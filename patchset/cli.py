@@ -108,13 +108,15 @@ class Hosts:
         return self.inventory.default or "localhost"
 
     def transport(self, spec: str, provision_local: bool = True):
+        from deploy import inventory as inv
         host = self.inventory.resolve(spec)
         if host.local:
             from deploy.local import LocalTransport
             tree = self.target or (Path(host.tree) if host.tree else None)
             return LocalTransport(tree or _local_default(self.series, provision_local))
-        if self.target is not None and not str(self.target).startswith(("/", "~")):
-            raise UsageError(f"--target {self.target}: use an absolute path on {spec}")
+        if self.target is not None and not inv.REMOTE_PATH.match(str(self.target)):
+            raise UsageError(f"--target {str(self.target)!r}: use an absolute path (or ~/...) "
+                             f"of letters, digits and _./+@- on {spec}")
         from deploy.ssh import SshTransport
         from .paths import remote_default_target
         tree = str(self.target) if self.target else host.tree or remote_default_target(

@@ -17,6 +17,8 @@ for _p in (ROOT, TESTS):
     if str(_p) not in sys.path:  # run from a checkout without `pip install -e .`
         sys.path.insert(0, str(_p))
 
+pytest_plugins = ["tests.hosts.fixtures"]   # real nspawn test hosts
+
 from patchset.model import GitPin, PypiPin, UpstreamPin  # noqa: E402
 from patchset.upstream import BaseTree, fetch_wheel, provision  # noqa: E402
 

@@ -269,30 +269,55 @@ def _render_check(report) -> None:
     console.print("check passed" if report.ok else "check FAILED")
 
 
-@app.command("plan")
-def plan_cmd(host: Optional[str] = typer.Argument(None, help="host (for display only)"),
-             tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
-             only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
-             as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
-    """Show which patches a selection takes and why each is in or out."""
-    from .selection import plan
-    result = plan(_series(series), _selection(tier, path, only, exclude))
-    if as_json:
-        _emit_json({"selected": list(result.names),
-                    "decisions": [asdict(d) for d in result.decisions]})
-        return
-    console = _console()
-    for d in result.decisions:
-        mark = "+" if d.selected else "-"
-        console.print(f"{mark} {d.name:<28} {d.reason}", markup=False)
-    console.print(f"{len(result.names)} of {len(result.decisions)} patches selected"
-                  f"{' for ' + host if host else ''}")
-
-
 InventoryOpt = typer.Option(None, "--inventory", help="hosts.yaml [default: ./hosts.yaml or "
                             "$PATCHSET_INVENTORY]")
 AcceptNewOpt = typer.Option(False, "--accept-new", help="record the key of a host seen for "
                             "the first time (a changed key is always refused)")
+
+
+@app.command("plan")
+def plan_cmd(hosts: Optional[List[str]] = typer.Argument(None, help="hosts to compare with "
+                                                         "(a dry-run apply on each)"),
+             tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+             only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
+             target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+             accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
+             series: Optional[Path] = SeriesOpt) -> None:
+    """Show which patches a selection takes and why; with HOST, what apply would change."""
+    from . import api
+    from .selection import plan
+    s = _series(series)
+    result = plan(s, _selection(tier, path, only, exclude))
+    host_results = []
+    if hosts:
+        with Hosts(s, inventory, target, accept_new) as resolver:
+            transports = [resolver.transport(h, provision_local=False) for h in hosts]
+            host_results = api.apply(s, result, transports, dry_run=True)
+    if as_json:
+        _emit_json({"selected": list(result.names),
+                    "decisions": [asdict(d) for d in result.decisions],
+                    "hosts": [asdict(r) for r in host_results]})
+    else:
+        _render_plan(result, host_results)
+    codes = {r.exit_code for r in host_results}
+    if codes - {0}:
+        raise typer.Exit(EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes))
+
+
+def _render_plan(result, host_results) -> None:
+    console = _console()
+    for d in result.decisions:
+        mark = "+" if d.selected else "-"
+        console.print(f"{mark} {d.name:<28} {d.reason}", markup=False)
+    console.print(f"{len(result.names)} of {len(result.decisions)} patches selected")
+    for r in host_results:
+        if not r.ok:
+            console.print(f"{r.host}: {r.error}", markup=False)
+            continue
+        added = [n for n in r.after if n not in r.before]
+        removed = [n for n in r.before if n not in r.after]
+        change = ", ".join([f"+{n}" for n in added] + [f"-{n}" for n in removed])
+        console.print(f"{r.host}: {change or 'no change'}", markup=False)
 
 
 @app.command()

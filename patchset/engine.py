@@ -37,6 +37,7 @@ from typing import Any, Iterator
 STATE_FORMAT = 1
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
+BASE_REF = "refs/patchset/base"   # on git trees: the pinned base the series sits on
 DIFF_LINES = 80
 
 
@@ -536,6 +537,7 @@ def _journal(target: Target, request: dict, state: dict | None, desired: list[di
              if old.get(p) != b}
     new_head = None
     if target.is_git:
+        git(target.root, "update-ref", BASE_REF, new_state["base"]["commit"])
         commits = write_commits(target, staging, new_state["base"]["commit"], desired, steps)
         for applied, commit in zip(new_state["applied"], commits):
             applied["commit"] = commit
@@ -690,7 +692,7 @@ def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
         try:
             subprocess.run(["git", *args], capture_output=True, env=git_env(), timeout=120,
                            check=True)
-            git(tmp, "checkout", "-q", "-B", "patchset-base",
+            git(tmp, "checkout", "-q", "-B", "patchset",
                 base["commit"] if source == "controller" else "HEAD")
             return source
         except (subprocess.SubprocessError, EngineError):

@@ -77,6 +77,9 @@ def test_apply_commits_with_trailers_and_records_state(series, git_target: Path)
     assert f"Patchset-Name: idx-c\nPatchset-Sha256: {sha}" in bodies[0]
     st = state(git_target)
     assert st["format"] == 1 and st["kind"] == "git" and st["head"] == head(git_target)
+    base_ref = subprocess.run(["git", "rev-parse", "refs/patchset/base"], cwd=git_target,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert base_ref == st["base"]["commit"]
     assert [a["name"] for a in st["applied"]] == ["chat-a", "dsv4-b", "idx-c"]
     assert "# patch idx-c" in (git_target / INDEXER).read_text()
     assert subprocess.run(["git", "status", "--porcelain"], cwd=git_target, capture_output=True,

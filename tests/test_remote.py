@@ -223,3 +223,66 @@ def test_hostile_values_are_never_run(one_host: TestHost, remote_env, series_dir
     for spec in ("root@host;id", "a$(id)@h", "h:22;x", "bad host"):
         code, _, err = cli(capsys, "status", spec)
         assert code == 2 and f"host {spec!r}" in err
+
+
+def test_plan_against_a_host_shows_what_apply_would_change(one_host: TestHost, remote_env,
+                                                           capsys) -> None:
+    remote_env([one_host])
+    clean_tree(one_host)
+    assert cli(capsys, "apply", "--tier", "moderate", one_host.name)[0] == 0
+    code, out, _ = cli(capsys, "plan", "--only", "chat-a,chat-e",
+                       one_host.name)
+    assert code == 0
+    assert f"{one_host.name}: +chat-e, -dsv4-b, -idx-c" in out
+    head = on_host(one_host, f"git -C {TREE} rev-parse HEAD")
+    code, out, _ = cli(capsys, "plan", "--json", one_host.name)
+    assert json.loads(out)["hosts"][0]["after"] == ["chat-a", "dsv4-b", "idx-c", "idx-d",
+                                                    "chat-e"]
+    assert on_host(one_host, f"git -C {TREE} rev-parse HEAD") == head   # nothing changed
+
+
+def test_ssh_config_alias_and_proxyjump_are_honoured(fleet: list[TestHost], remote_env,
+                                                     series_dir: Path, tmp_path: Path,
+                                                     monkeypatch, capsys) -> None:
+    remote_env(fleet[:2])
+    (series_dir / "hosts.yaml").unlink()     # only ~/.ssh/config says how to reach them
+    jump, dest = fleet[:2]
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host bastion\n  HostName {jump.ip}\n  Port {jump.port}\n  User root\n"
+        f"  IdentityFile {jump.client_key}\n"
+        f"Host gpu-behind\n  HostName {dest.ip}\n  Port {dest.port}\n  User root\n"
+        f"  IdentityFile {dest.client_key}\n  ProxyJump bastion\n")
+    monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(config))
+    clean_tree(dest)
+    code, out, err = cli(capsys, "apply", "--tier", "safe", "--target", TREE, "gpu-behind",
+                         "--json")
+    assert code == 0, err
+    assert "# patch chat-a" in on_host(dest, f"cat {TREE}/{CHAT}")
+    # The jump host's key is checked too: forget it and the hop is refused.
+    monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(tmp_path / "only_dest"))
+    (tmp_path / "only_dest").write_text(dest.known_hosts_line() + "\n")
+    code, out, _ = cli(capsys, "status", "--target", TREE, "gpu-behind")
+    assert code == 3 and "unknown host key" in out
+
+
+def test_existing_plain_tree_on_host_is_accepted_when_it_is_the_pin(one_host: TestHost,
+                                                                    remote_env,
+                                                                    capsys) -> None:
+    remote_env([one_host])
+    clean_tree(one_host)
+    assert cli(capsys, "apply", "--tier", "safe", one_host.name)[0] == 0   # provisions git tree
+    on_host(one_host, f"rm -rf /opt/plain && mkdir /opt/plain && git -C {TREE} archive "
+            "refs/patchset/base:python | tar -x -C /opt/plain")
+    code, out, err = cli(capsys, "apply", "--tier", "moderate", "--target", "/opt/plain",
+                         one_host.name, "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["provisioned"] is None
+    assert "# patch dsv4-b" in on_host(one_host, "head -3 /opt/plain/sglang/srt/models/"
+                                                 "deepseek_v4.py")
+    on_host(one_host, "rm -rf /opt/other && mkdir /opt/other && git -C /opt/sglang archive "
+            "refs/patchset/base:python | tar -x -C /opt/other && echo '# fork' >> "
+            "/opt/other/sglang/srt/models/deepseek_v4.py")
+    code, _, err = cli(capsys, "apply", "--tier", "moderate", "--target", "/opt/other",
+                       one_host.name)
+    assert code == 4 and "is not the pinned base" in err

@@ -328,26 +328,20 @@ class Staging:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(self.target.read_blob(blob))
 
-    def apply(self, spec: dict, patch_file: Path) -> None:
+    def apply(self, spec: dict, patch_file: Path) -> list[tuple[str, bytes | None]]:
+        """Apply one patch (git apply is all-or-nothing per patch); return its files after."""
         for change in spec["files"]:
             self._expect(spec["name"], change["path"], change["pre"], "pre-image")
         env = {"GIT_CEILING_DIRECTORIES": str(self.dir)}
-        args = ["apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve())]
         try:
-            git(self.work, *args[:2], "--check", *args[2:], env=env)
+            git(self.work, "apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve()),
+                env=env)
         except EngineError as exc:
             raise EngineError(f"patch {spec['name']} does not apply: {exc}", "target",
                               exc.details) from None
-        git(self.work, *args, env=env)
         for change in spec["files"]:
             self._expect(spec["name"], change["path"], change["post"], "post-image")
-        self._keep_objects(spec)
-
-    def _keep_objects(self, spec: dict) -> None:
-        """On a git tree every intermediate blob must exist for the per-patch commits."""
-        paths = [str(self.work / c["path"]) for c in spec["files"] if c["post"]]
-        if self.target.is_git and paths:
-            git(self.target.root, "hash-object", "-w", "--no-filters", "--", *paths)
+        return [(c["path"], self.content(c["path"])) for c in spec["files"]]
 
     def _expect(self, name: str, path: str, blob: str | None, what: str) -> None:
         found = file_blob(self.work / path)
@@ -362,16 +356,16 @@ class Staging:
         return file.read_bytes() if file.is_file() else None
 
 
+Step = list[tuple[str, "bytes | None"]]   # one patch's files after it: (path, content)
+
+
 def build(target: Target, desired: list[dict], bundle: Path, base_files: dict,
-          extra_paths: set[str]) -> tuple[Staging, list[list[tuple[str, str | None]]]]:
-    """Apply `desired` onto the base in staging; returns per-patch (path, new blob) steps."""
+          extra_paths: set[str]) -> tuple[Staging, list[Step]]:
+    """Apply `desired` onto the base in staging; returns each patch's resulting files."""
     paths = sorted({c["path"] for s in desired for c in s["files"]} | extra_paths)
     staging = Staging(target)
     staging.seed(paths, base_files)
-    steps = []
-    for spec in desired:
-        staging.apply(spec, bundle / spec["file"])
-        steps.append([(c["path"], c["post"]) for c in spec["files"]])
+    steps = [staging.apply(spec, bundle / spec["file"]) for spec in desired]
     return staging, steps
 
 
@@ -389,36 +383,54 @@ def check_patch_file(spec: dict, bundle: Path) -> None:
 # ---------------------------------------------------------------- git commits
 
 def write_commits(target: Target, staging: Staging, base_commit: str, desired: list[dict],
-                  steps: list[list[tuple[str, str | None]]]) -> list[str]:
-    """One deterministic commit per patch, built with a private index (work tree untouched)."""
+                  steps: list[Step]) -> list[str]:
+    """One deterministic commit per patch, written by a single `git fast-import` (work tree
+    and index untouched): same base + same patches = same commit ids on every machine."""
+    if not desired:
+        return []
     date = git(target.root, "log", "-1", "--format=%ct", base_commit).strip() + " +0000"
-    env = {"GIT_INDEX_FILE": str(staging.dir / "index"),
-           "GIT_AUTHOR_NAME": AUTHOR[0], "GIT_AUTHOR_EMAIL": AUTHOR[1], "GIT_AUTHOR_DATE": date,
-           "GIT_COMMITTER_NAME": AUTHOR[0], "GIT_COMMITTER_EMAIL": AUTHOR[1],
-           "GIT_COMMITTER_DATE": date}
-    git(target.root, "read-tree", base_commit, env=env)
-    parent, commits = base_commit, []
-    for spec, step in zip(desired, steps):
-        for path, blob in step:
-            _index_update(target, env, base_commit, path, blob)
-        tree = git(target.root, "write-tree", env=env).strip()
+    modes = _modes(target, base_commit, {p for step in steps for p, _ in step})
+    marks = staging.dir / "marks"
+    stream = _fast_import_stream(target, base_commit, desired, steps, modes, date)
+    git(target.root, "fast-import", "--quiet", "--force", f"--export-marks={marks}",
+        data=stream)
+    git(target.root, "update-ref", "-d", TXN_REF)
+    ids = dict(line.split() for line in marks.read_text().splitlines())
+    return [ids[f":{i}"] for i in range(1, len(desired) + 1)]
+
+
+TXN_REF = "refs/patchset/txn"
+
+
+def _modes(target: Target, base: str, paths: set[str]) -> dict[str, str]:
+    disk = {str(target.disk(p).relative_to(target.root)): p for p in paths}
+    out = git(target.root, "ls-tree", base, "--", *sorted(disk)) if disk else ""
+    modes = {disk[line.split("\t", 1)[1]]: line.split()[0] for line in out.splitlines()}
+    return {p: modes.get(p, "100644") for p in paths}
+
+
+def _fast_import_stream(target: Target, base: str, desired: list[dict], steps: list[Step],
+                        modes: dict[str, str], date: str) -> bytes:
+    """Marks 1..n are the commits (patch order); blobs are numbered after them."""
+    who = f"{AUTHOR[0]} <{AUTHOR[1]}> {date}"
+    out: list[bytes] = []
+    blob_mark = len(desired)
+    for i, (spec, step) in enumerate(zip(desired, steps), start=1):
+        changes = []
+        for path, data in step:
+            disk_path = str(target.disk(path).relative_to(target.root))
+            if data is None:
+                changes.append(f"D {disk_path}\n".encode())
+                continue
+            blob_mark += 1
+            out.append(b"blob\nmark :%d\ndata %d\n" % (blob_mark, len(data)) + data + b"\n")
+            changes.append(f"M {modes[path]} :{blob_mark} {disk_path}\n".encode())
         message = (f"{spec['name']}: {spec.get('summary', '')}\n\n"
-                   f"Patchset-Name: {spec['name']}\nPatchset-Sha256: {spec['sha256']}\n")
-        parent = git(target.root, "commit-tree", tree, "-p", parent, data=message.encode(),
-                     env=env).strip()
-        commits.append(parent)
-    return commits
-
-
-def _index_update(target: Target, env: dict, base: str, path: str, blob: str | None) -> None:
-    disk_path = str(target.disk(path).relative_to(target.root))
-    if blob is None:
-        git(target.root, "update-index", "--force-remove", "--", disk_path, env=env)
-        return
-    line = git(target.root, "ls-tree", base, "--", disk_path).split()
-    mode = line[0] if line else "100644"
-    git(target.root, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{disk_path}",
-        env=env)
+                   f"Patchset-Name: {spec['name']}\nPatchset-Sha256: {spec['sha256']}\n").encode()
+        out.append(f"commit {TXN_REF}\nmark :{i}\nauthor {who}\ncommitter {who}\n".encode()
+                   + b"data %d\n" % len(message) + message
+                   + (f"from {base}\n".encode() if i == 1 else b"") + b"".join(changes) + b"\n")
+    return b"".join(out)
 
 
 # ---------------------------------------------------------------- the switch

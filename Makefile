@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test venv
+.PHONY: run test venv bench
 
 $(BIN)/patchset: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,3 +26,10 @@ test: venv
 	.ci/install-host-deps
 	$(BIN)/pip install -q --no-deps --force-reinstall .
 	$(BIN)/python -m pytest -q
+
+# Benchmarks (not tests): patchset vs git am / quilt, fleet, transfer, CLI start.
+bench: venv
+	.ci/install-host-deps
+	command -v quilt >/dev/null || apt-get install -y -q quilt
+	$(BIN)/pip install -q --no-deps --force-reinstall .
+	$(BIN)/python bench/benchmark.py -o bench/RESULTS.md

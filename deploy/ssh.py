@@ -29,7 +29,7 @@ import os, shutil, sys, tarfile, runpy
 d = sys.argv[1]
 try:
     with tarfile.open(os.path.join(d, "bundle.tar")) as t:
-        t.extractall(d)
+        t.extractall(d, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     sys.argv = ["engine", d]
     runpy.run_path(os.path.join(d, "engine.py"), run_name="__main__")
 finally:

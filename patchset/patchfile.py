@@ -21,6 +21,7 @@ REQUIRED_HEADER = ("Author", "Forwarded", "Last-Update", "Patchset-Name")
 HEADER_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: ([0-7]{6}))?$")
+SAFE_PATH = re.compile(r"^[A-Za-z0-9_.+@/-]+$")
 HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 ZERO = "0" * 40
 FILE_HEADER_LINES = ("diff --git ", "index ", "--- ", "+++ ", "new file mode ",
@@ -161,6 +162,9 @@ def _checked_path(patched, file: str, offset: int, git_prefix: str) -> str:
         name = raw[2:] if raw[:2] in ("a/", "b/") else raw
         if name.startswith("/") or ".." in name.split("/") or "\\" in name or not name:
             raise ManifestError(file, None, "diff.path", f"{raw!r} points outside the tree")
+        if not SAFE_PATH.match(name):
+            raise ManifestError(file, None, "diff.path", f"{name!r} has characters patchset "
+                                "does not handle (allowed: letters, digits, _ . + @ - /)")
         if not name.startswith(git_prefix):
             raise ManifestError(file, None, "diff.path",
                                 f"{name!r} is outside the upstream package prefix {git_prefix!r}")

@@ -128,6 +128,8 @@ PATCH_CASES = [
     ("outside-prefix", lambda t: t.replace(" b/python/", " b/docs/", 1).replace(
         " a/python/", " a/docs/", 1).replace("--- a/python/", "--- a/docs/").replace(
         "+++ b/python/", "+++ b/docs/"), "diff.path", "outside the upstream package prefix"),
+    ("odd-chars", lambda t: t.replace("openai/serving_chat.py", "openai/serving chat.py"),
+     "diff.path", "has characters patchset does not handle"),
     ("binary", lambda t: t + "diff --git a/python/x.bin b/python/x.bin\nindex "
      + "1" * 40 + ".." + "2" * 40 + "\nBinary files a/python/x.bin and b/python/x.bin differ\n",
      "diff", "binary diffs are not supported"),

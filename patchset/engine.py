@@ -733,6 +733,11 @@ def run(request: dict, bundle: str | Path = ".") -> dict:
     except EngineError as exc:
         return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
                                        "details": exc.details}}
+    except OSError as exc:   # permissions, disk full: say which file, never a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        return {"ok": False, "error": {"kind": "target", "details": "",
+                                       "message": f"{exc.strerror or exc}{where}; a journal, if "
+                                       "written, lets the next command finish"}}
 
 
 def main(argv: list[str]) -> int:

@@ -270,3 +270,18 @@ def test_engine_is_stdlib_only() -> None:
             f"runpy.run_path({str(ENGINE)!r}, run_name='engine_check')")
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_read_only_tree_is_a_clear_error(series, pinned_base, tmp_path: Path) -> None:
+    """An unwritable tree (a read-only bind mount: the tests run as root) is one clear line."""
+    tree = materialize(pinned_base, tmp_path / "ro", layout="wheel")
+    chat = disk(tree, CHAT)
+    before = chat.read_bytes()
+    subprocess.run(["mount", "--bind", str(tree), str(tree)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(tree)], check=True)
+        result = do_apply(series, tree, tier="safe")
+        assert not result.ok and "Read-only file system" in result.error
+        assert chat.read_bytes() == before
+    finally:
+        subprocess.run(["umount", str(tree)], check=True)

@@ -286,3 +286,19 @@ def test_existing_plain_tree_on_host_is_accepted_when_it_is_the_pin(one_host: Te
     code, _, err = cli(capsys, "apply", "--tier", "moderate", "--target", "/opt/other",
                        one_host.name)
     assert code == 4 and "is not the pinned base" in err
+
+
+def test_user_at_host_port_spec(one_host: TestHost, remote_env, series_dir: Path,
+                                tmp_path: Path, monkeypatch, capsys) -> None:
+    remote_env([one_host])
+    (series_dir / "hosts.yaml").unlink()
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {one_host.ip}\n  IdentityFile {one_host.client_key}\n")
+    monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(config))
+    clean_tree(one_host)
+    spec = f"root@{one_host.ip}:{one_host.port}"
+    code, out, err = cli(capsys, "apply", "--tier", "safe", "--target", TREE, spec, "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["host"] == spec
+    code, out, _ = cli(capsys, "status", "--target", TREE, spec, "--json")
+    assert [a["name"] for a in json.loads(out)[0]["applied"]] == ["chat-a"]

@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -493,9 +494,7 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
     """Move the target from its current state to base + `desired` (in order)."""
     state = target.state()
     refuse_if_dirty(target, state)
-    base_files = state["base"]["files"] if state else request["base_files"]
-    if state is None:
-        verify_base(target, base_files)
+    base_files = _base_files(target, state, request)
     current = [(a["name"], a["sha256"]) for a in (state or {}).get("applied", [])]
     if state is not None and current == [(s["name"], s["sha256"]) for s in desired]:
         return _result(target, state, changed=False, before=current)
@@ -516,12 +515,22 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
     return _result(target, new_state, changed=True, before=current)
 
 
+def _base_files(target: Target, state: dict | None, request: dict) -> dict:
+    """The pin's pre-images of every file managed so far, plus any the request adds (a
+    series that grew touches new files): those must still be the pin on disk."""
+    known = dict(state["base"]["files"]) if state else {}
+    new = {p: b for p, b in request.get("base_files", {}).items() if p not in known}
+    verify_base(target, new)
+    return {**known, **new}
+
+
 def _store_base(target: Target, state: dict | None, base_files: dict) -> None:
     """Keep the pristine pre-images of a plain tree, so any later revert is exact."""
-    if state is None and not target.is_git:
-        for path, blob in base_files.items():
-            if blob:
-                target.store_blob(target.disk(path).read_bytes())
+    if target.is_git:
+        return
+    for path, blob in base_files.items():
+        if blob and (state is None or path not in state["base"]["files"]):
+            target.store_blob(target.disk(path).read_bytes())
 
 
 def _new_state(target: Target, request: dict, state: dict | None, base_files: dict,
@@ -635,7 +644,95 @@ def op_status(target: Target, request: dict) -> dict:
                          "next": "the next apply or revert finishes it"} if journal else None),
         "locked_by": _lock_holder(target),
         "interpreter": interpreter_facts(target, request.get("python")),
+        "units": unit_facts(target, state),
     }
+
+
+# ---------------------------------------------------------------- units serving the tree
+
+UNIT_MARK = re.compile(r"^X-Patchset-(Tree|Role)=(.*)$", re.M)
+UNIT_PROPS = ("ActiveState", "SubState", "MainPID", "ExecMainStartTimestampMonotonic",
+              "NRestarts", "NeedDaemonReload", "UnitFileState")
+
+
+def role_patches_value(applied: list[dict], role: str) -> str:
+    """`name:sha12 ...` of the applied patches whose code runs in `role` (path role or
+    both): what deploy puts in PATCHSET_PATCHES, so a process's environ says what it runs."""
+    return " ".join(f"{a['name']}:{str(a.get('sha256'))[:12]}" for a in applied
+                    if a.get("path") in (role, "both"))
+
+
+def unit_facts(target: Target, state: dict | None) -> list[dict]:
+    """The systemd units that serve this tree (`X-Patchset-Tree=` in the unit, written by
+    `patchset deploy`), and whether each still runs the tree as it is now.
+
+    Stale: the main process started before the tree last changed (state.json's mtime)
+    and the patches it was started with (PATCHSET_PATCHES in /proc/PID/environ) are not
+    the ones the state now gives its role (unknown environ counts as different)."""
+    unit_dir = Path(os.environ.get("PATCHSET_UNIT_DIR", "/etc/systemd/system"))
+    try:
+        files = sorted(unit_dir.glob("*.service"))
+    except OSError:
+        return []
+    changed = target.state_file.stat().st_mtime if target.state_file.exists() else None
+    applied = (state or {}).get("applied", [])
+    out = []
+    for path in files:
+        try:
+            marks = dict(UNIT_MARK.findall(path.read_text(errors="replace")))
+        except OSError:
+            continue
+        tree = marks.get("Tree", "").strip()
+        if not tree or Path(tree).resolve() != target.root:
+            continue
+        role = marks.get("Role", "").strip()
+        show = _systemctl_show(path.name)
+        pid = int(show.get("MainPID") or 0)
+        started = _mono_to_epoch(show.get("ExecMainStartTimestampMonotonic")) if pid else None
+        running = _environ_of(pid).get("PATCHSET_PATCHES") if pid else None
+        now = role_patches_value(applied, role)
+        stale = bool(show.get("ActiveState") == "active" and started is not None
+                     and changed is not None and started < changed and running != now)
+        out.append({
+            "unit": path.name, "role": role, "path": str(path),
+            "active": show.get("ActiveState"), "sub": show.get("SubState"), "main_pid": pid,
+            "started": _iso(started), "tree_changed": _iso(changed),
+            "running_patches": running, "patches": now, "stale": stale,
+            "need_daemon_reload": show.get("NeedDaemonReload") == "yes",
+            "enabled": show.get("UnitFileState"),
+        })
+    return out
+
+
+def _systemctl_show(unit: str) -> dict[str, str]:
+    args = ["systemctl", "show", *(f"--property={p}" for p in UNIT_PROPS), "--", unit]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def _mono_to_epoch(value: str | None) -> float | None:
+    """systemd's CLOCK_MONOTONIC microseconds -> epoch seconds (same clock as Python's)."""
+    if not value or not value.isdigit() or int(value) == 0:
+        return None
+    return time.time() - (time.monotonic() - int(value) / 1e6)
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw.split(b"\0")
+                if b"=" in item)
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
 
 
 FIND_SPEC = ("import importlib.util as u, json, sys; s = u.find_spec(sys.argv[1]); "

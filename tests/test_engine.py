@@ -285,3 +285,20 @@ def test_read_only_tree_is_a_clear_error(series, pinned_base, tmp_path: Path) ->
         assert chat.read_bytes() == before
     finally:
         subprocess.run(["umount", str(tree)], check=True)
+
+
+def test_series_that_grows_to_new_files_applies(series_dir: Path, target: Path, pinned_base,
+                                                tmp_path: Path) -> None:
+    """A host managed by an older series (3 files) takes a newer one touching a 4th file."""
+    from seriesfactory import PatchDef, append_line, build_series, default_patches
+    do_apply(load_series(series_dir / "patches.yaml"), target, tier="safe")
+    grown_dir = tmp_path / "grown"
+    grown_dir.mkdir()
+    extra = "python/sglang/srt/server_args.py"
+    patches = default_patches() + [PatchDef("args-f", {extra: append_line("import ", "# patch args-f")})]
+    grown = load_series(build_series(pinned_base, grown_dir, patches))
+    result = do_apply(grown, target)
+    assert result.ok, result.error
+    assert "# patch args-f" in disk(target, extra).read_text()
+    reverted = api.revert(grown, ["args-f"], LocalTransport(target))
+    assert reverted.ok and "# patch args-f" not in disk(target, extra).read_text()

@@ -23,7 +23,7 @@ USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
 REMOTE_PATH = re.compile(r"^(?:~/|/)[A-Za-z0-9_./+@-]*$")
 HOST_KEYS = {"address": False, "user": False, "port": False, "tree": False, "python": False,
-             "identity_file": False, "proxy_jump": False, "roles": False}
+             "identity_file": False, "proxy_jump": False, "roles": False, "serving": False}
 ROLE_NAMES = ("prefill", "decode", "router")
 SPEC = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>\d+))?$")
 
@@ -41,6 +41,7 @@ class Host:
     identity_file: str | None = None
     proxy_jump: str | None = None
     roles: dict[str, Any] = field(default_factory=dict)
+    serving: dict[str, Any] = field(default_factory=dict)   # unit settings for every role
 
     @property
     def local(self) -> bool:
@@ -142,6 +143,7 @@ def _host(doc: Located, name: Any, value: Any) -> Host:
         proxy_jump=_opt(doc, where + ("proxy_jump",), h.get("proxy_jump"),
                         re.compile(r"^[A-Za-z0-9_.@:,\[\]-]+$"), "a ProxyJump spec"),
         roles=_roles(doc, where + ("roles",), h.get("roles")),
+        serving=_serving(doc, where + ("serving",), h.get("serving")),
     )
 
 
@@ -159,4 +161,22 @@ def _roles(doc: Located, where: tuple, value: Any) -> dict[str, Any]:
         for key, item in (settings or {}).items():
             if isinstance(item, str) and re.search(r"[\n\r\0]", item):
                 raise doc.error(where + (role, key), "must not contain newlines")
+        _unit_settings(doc, where + (role,), role, settings or {})
     return {r: dict(s or {}) for r, s in roles.items()}
+
+
+def _serving(doc: Located, where: tuple, value: Any) -> dict[str, Any]:
+    """Unit settings shared by every role (model_path, transfer_backend, env, limits...)."""
+    if value is None:
+        return {}
+    _unit_settings(doc, where, None, value)
+    return dict(value)
+
+
+def _unit_settings(doc: Located, where: tuple, role: str | None, settings: Any) -> None:
+    """The deploy schema (deploy/units.py): every value that can reach a unit file."""
+    from .units import SettingError, check_settings
+    try:
+        check_settings(role, settings)
+    except SettingError as exc:
+        raise doc.error(where + exc.path, str(exc)) from None

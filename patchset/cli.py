@@ -36,6 +36,9 @@ TargetOpt = typer.Option(None, "--target", help="tree to manage on localhost "
                          "[default: the provisioned tree under $PATCHSET_HOME]")
 LockWaitOpt = typer.Option(0.0, "--lock-wait", help="seconds to wait for another patchset "
                            "run on the same target")
+HealthTimeoutOpt = typer.Option(None, "--health-timeout", help="seconds to wait for each "
+                                "unit's /health [the role's health_timeout, else its "
+                                "TimeoutStartSec]")
 
 
 # ---------------------------------------------------------------- rendering helpers
@@ -328,6 +331,10 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           dry_run: bool = typer.Option(False, "--dry-run", help="plan and verify, change nothing"),
           target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
           inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
+          restart: bool = typer.Option(False, "--restart", help="then restart, host by host, "
+                                       "the units whose role's patches or gates changed "
+                                       "(redeploys them, waits for /health, rolls back)"),
+          health_timeout: Optional[float] = HealthTimeoutOpt,
           as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Make each host run exactly the selected patches, atomically."""
     from . import api
@@ -338,6 +345,11 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         transports = [resolver.transport(h) for h in hosts]
         results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
                             base_provider=_base_provider(s))
+        if restart and not dry_run:
+            restarts = _restart_after_apply(s, resolver, hosts, transports, results,
+                                            health_timeout, lock_wait)
+            _finish_with_restarts(results, restarts, as_json)
+            return
     _finish(results, as_json, "apply")
 
 
@@ -421,7 +433,7 @@ def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the
     codes = {st.get("exit_code", 0) for st in states}
     if EXIT_UNREACHABLE in codes:
         raise typer.Exit(EXIT_UNREACHABLE)
-    if any(api.has_findings(st) for st in states) or codes - {0}:
+    if any(api.has_findings(st) or _stale_units(st) for st in states) or codes - {0}:
         raise typer.Exit(max(codes | {EXIT_FINDINGS}))
 
 
@@ -456,8 +468,237 @@ def _render_status(st: dict) -> None:
         console.print(f"  {interp['python']} imports {where}{mark}")
     if st.get("locked_by"):
         console.print(f"  locked by {st['locked_by']}", markup=False)
+    _render_units(console, st)
     if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted")):
         console.print("  clean")
+
+
+# ---------------------------------------------------------------- deploy (systemd units)
+
+@app.command("deploy")
+def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles say what to "
+                                          "deploy), or localhost"),
+               role: Optional[List[str]] = typer.Option(None, "--role", help="prefill | "
+                                                        "decode | router (A,B or repeated) "
+                                                        "[default: every role of the host]"),
+               dry_run: bool = typer.Option(False, "--dry-run", help="show the diff against "
+                                            "the installed units and what would restart"),
+               health_timeout: Optional[float] = HealthTimeoutOpt,
+               target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+               inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
+               as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Render the host's systemd units (gates from its tree), install, restart, wait."""
+    from deploy.deploy import channel_for, deploy as run_deploy
+    from .selection import parse_names
+    s = _series(series)
+    with Hosts(s, inventory, target, accept_new) as resolver:
+        spec = resolver.inventory.resolve(host)
+        transport = resolver.transport(host, provision_local=False)
+        with DeployView(spec.name) as view:
+            result = run_deploy(spec, channel_for(transport), str(transport.target),
+                                roles=list(parse_names(role)) or None, dry_run=dry_run,
+                                timeout=health_timeout, lock_wait=lock_wait,
+                                on_event=view.event, git_prefix=s.upstream.git_prefix,
+                                package=s.upstream.name,
+                                source=resolver.inventory.path or "hosts.yaml")
+    if as_json:
+        _emit_json([result.to_json()])
+    _render_deploy(result, as_json)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+class DeployView:
+    """Deploy progress on stderr: a rich bar per /health wait on a TTY, plain lines when
+    piped (the first wait, then one line every PLAIN_EVERY seconds, then the outcome)."""
+
+    PLAIN_EVERY = 30.0
+
+    def __init__(self, host: str | None = None) -> None:
+        self.tty = sys.stderr.isatty()
+        self.host = host               # prefixes every line (several hosts in a row)
+        self.bar = None
+        self.task = None
+        self.printed: dict[tuple, float] = {}
+
+    def __enter__(self) -> "DeployView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop()
+
+    def event(self, ev: dict) -> None:
+        kind, role = ev.get("event"), ev.get("role", "")
+        rollback = " (rollback)" if ev.get("phase") == "rollback" else ""
+        if kind == "step":
+            self._line(str(ev.get("message")))
+        elif kind == "restart":
+            self._stop()
+            self.printed.clear()
+            self._line(f"{role}: restarting {ev.get('unit')} ({ev.get('reason')})")
+        elif kind == "healthy":
+            self._stop()
+            self._line(f"{role}: healthy after {float(ev.get('elapsed', 0)):.1f}s{rollback}")
+        elif kind == "wait":
+            self._wait(ev, role, rollback)
+
+    def _wait(self, ev: dict, role: str, rollback: str) -> None:
+        elapsed, timeout = float(ev.get("elapsed", 0)), float(ev.get("timeout", 0))
+        what = (f"{self.host}: " if self.host else "") + (
+            f"{role}: waiting for /health{rollback} ({ev.get('detail')})")
+        if self.tty:
+            if self.bar is None:
+                from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn,
+                                           TimeElapsedColumn)
+                self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                    BarColumn(), TextColumn("{task.completed:.0f}/"
+                                                            "{task.total:.0f}s"),
+                                    TimeElapsedColumn(), console=_console(stderr=True),
+                                    transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(what, total=timeout)
+            self.bar.update(self.task, completed=min(elapsed, timeout), description=what)
+            return
+        key = (role, ev.get("phase"))
+        last = self.printed.get(key)
+        if last is None:
+            self._line(f"{role}: waiting for {ev.get('url')}{rollback} (timeout {timeout:.0f}s)")
+            self.printed[key] = elapsed
+        elif elapsed - last >= self.PLAIN_EVERY:
+            self._line(f"{role}: still waiting after {elapsed:.0f}s ({ev.get('detail')})")
+            self.printed[key] = elapsed
+
+    def _line(self, text: str) -> None:
+        text = f"{self.host}: {text}" if self.host else text
+        if self.bar is not None:
+            self.bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def _stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar, self.task = None, None
+
+
+def _render_deploy(result, as_json: bool = False) -> None:
+    """Per-role lines on stderr (the dry-run diff on stdout, unless --json)."""
+    if result.dry_run and not as_json:
+        out = _console()
+        for r in result.roles:
+            if r.diff:
+                out.print(r.diff, markup=False, highlight=False, end="")
+        for r in result.roles:
+            verb = ("would install and restart" if r.changed else
+                    f"would restart ({r.restart})" if r.restart else "unchanged")
+            out.print(f"{result.host}: {r.role} {r.unit}: {verb}", markup=False)
+    elif not result.dry_run:
+        for r in result.roles:
+            done = ", ".join(r.actions) or "unchanged"
+            if r.actions and "restarted" in r.actions and result.ok:
+                done += ", healthy"
+            _say(f"{result.host}: {r.role} {r.unit}: {done}")
+    for r in result.roles:
+        for note in r.notes:
+            _say(f"{result.host}: {r.role}: note: {note}")
+    for note in result.notes:
+        _say(f"{result.host}: note: {note}")
+    if result.error:
+        _say(f"{result.host}: deploy FAILED: {result.error.split(': ', 1)[-1]}")
+        if result.details:
+            _say(result.details)
+
+
+def _restart_after_apply(series, resolver, specs, transports, results, timeout, lock_wait):
+    """After apply: redeploy, host by host, the server roles whose patches or gates changed
+    (or whose process is stale). Stops at the first host that fails (it is rolled back)."""
+    from deploy.deploy import DeployResult, affected_roles, channel_for, deploy as run_deploy
+    out, stopped = [], None
+    with DeployView() as view:
+        for spec, transport, applied in zip(specs, transports, results):
+            if not applied.ok:
+                out.append(None)
+                continue
+            if stopped:
+                out.append(DeployResult(host=applied.host, ok=False, exit_code=4,
+                                        error=f"{applied.host}: not restarted (stopped after "
+                                              f"{stopped} failed)"))
+                continue
+            host = resolver.inventory.resolve(spec)
+            view.host = host.name
+            channel = channel_for(transport)
+            tree = applied.target or str(transport.target)
+            try:
+                roles, _ = affected_roles(host, channel, tree, series.upstream.git_prefix,
+                                          series.upstream.name)
+                if not roles:
+                    out.append(DeployResult(host=applied.host, ok=True,
+                                            notes=["no running unit serves a changed role"]))
+                    continue
+                result = run_deploy(host, channel, tree, roles=roles, timeout=timeout,
+                                    lock_wait=lock_wait, on_event=view.event,
+                                    git_prefix=series.upstream.git_prefix,
+                                    package=series.upstream.name,
+                                    source=resolver.inventory.path or "hosts.yaml")
+            except PatchsetError as exc:
+                result = DeployResult(host=applied.host, ok=False, error=str(exc),
+                                      exit_code=exc.exit_code)
+            out.append(result)
+            if not result.ok:
+                stopped = applied.host
+    return out
+
+
+def _finish_with_restarts(results, restarts, as_json: bool) -> None:
+    if as_json:
+        _emit_json([dict(asdict(r), restart=x.to_json() if x else None)
+                    for r, x in zip(results, restarts)])
+    codes = set()
+    for r, x in zip(results, restarts):
+        _say(_result_line(r, "apply"))
+        if r.details and not as_json:
+            _say(r.details)
+        codes.add(r.exit_code)
+        if x is None:
+            continue
+        codes.add(x.exit_code)
+        if x.ok and not x.roles:
+            _say(f"{r.host}: restart: nothing to restart ({'; '.join(x.notes)})")
+        elif x.ok:
+            done = ", ".join(f"{p.role} {'restarted' if 'restarted' in p.actions else 'unchanged'}"
+                             for p in x.roles)
+            _say(f"{r.host}: restart: {done}")
+        else:
+            _say(f"{r.host}: restart FAILED: {x.error}")
+            if x.details and not as_json:
+                _say(x.details)
+    if len(results) > 1:
+        _say(_summary(results))
+    code = EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes, default=0)
+    if code:
+        raise typer.Exit(code)
+
+
+def _stale_units(st: dict) -> list[dict]:
+    return [u for u in st.get("units") or [] if u.get("stale")]
+
+
+def _render_units(console, st: dict) -> None:
+    """The units that serve this tree (prefill, decode order); stale ones say how to fix."""
+    order = {"prefill": 0, "decode": 1}
+    for u in sorted(st.get("units") or [], key=lambda u: (order.get(u.get("role"), 9),
+                                                          u["unit"])):
+        state = f"{u.get('active')}/{u.get('sub')}"
+        pid = f", pid {u['main_pid']}, started {u['started']}" if u.get("main_pid") else ""
+        console.print(f"  unit {u['unit']} ({u['role']}): {state}{pid}", markup=False)
+        if u.get("stale"):
+            console.print(f"  [red]STALE[/red]: {u['unit']} started before the tree changed "
+                          f"({u['tree_changed']}) and runs other patches than its role now "
+                          f"has; run `patchset apply --restart` or `patchset deploy "
+                          f"{st['host']} --role {u['role']}`")
+        if u.get("need_daemon_reload"):
+            console.print(f"  [yellow]{u['unit']} changed on disk since systemd loaded it "
+                          "(daemon-reload pending)[/yellow]")
 
 
 @app.command()
@@ -480,6 +721,39 @@ def version() -> None:
     """Print the patchset version."""
     print(__version__)
 
+
+
+# ---------------------------------------------------------------- audit (live facts, checks)
+
+@app.command()
+def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                            "localhost; several run in parallel"),
+          symptom: Optional[str] = typer.Option(None, "--symptom", help="rank suspects for "
+                                                "context-loss | decode-quality | throughput"),
+          fmt: str = typer.Option("terminal", "--format", help="terminal | md | html | json "
+                                  "| junit"),
+          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the "
+                                                "report to FILE instead of stdout"),
+          target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+          accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Gather live facts (one round trip per host), give every patch its effective state,
+    run the checks, rank suspects for a symptom. Exit 0 clean, 1 findings, 3 unreachable."""
+    from auditor import cli_support
+    from auditor.render import render
+    s = _series(series)
+    cli_support.check_format(fmt)
+    with Hosts(s, inventory, target, accept_new) as resolver:
+        transports = [cli_support.transport(resolver, h) for h in hosts]
+        report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts)
+    color = fmt == "terminal" and output is None and sys.stdout.isatty()
+    text = render(data, fmt, color=color)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+        _say(f"{cli_support.summary_line(data)}; report written to {output}")
+    else:
+        sys.stdout.write(text)
+    if code:
+        raise typer.Exit(code)
 
 # ---------------------------------------------------------------- entry point
 

@@ -1,0 +1,89 @@
+"""Processes: the SGLang servers, their scheduler children, their command lines and environ.
+
+The engine edits its environment before it spawns the schedulers (mp spawn), so the env
+of the main process (what systemd gave it) and of `sglang::scheduler_TP{n}` (where the
+kernels run and the patch gates are read) are both facts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Command, Fact, Unavailable, ok_output
+
+
+class ProcScan(Fact):
+    """Every process whose command line mentions sglang, and their descendants:
+    one line per process, `pid<TAB>ppid<TAB>starttime_ticks<TAB>args` (NULs as spaces)."""
+
+    def command(self, **kwargs: Any) -> Command:
+        return Command("scan", target="/proc")
+
+    def process(self, raw: dict) -> list[dict]:
+        procs = []
+        for line in ok_output(raw).splitlines():
+            pid, ppid, start, args = line.split("\t", 3)
+            procs.append({"pid": int(pid), "ppid": int(ppid), "start_ticks": int(start),
+                          "args": args})
+        return procs
+
+
+class ProcCmdline(Fact):
+    """/proc/PID/cmdline -> argv (secrets already redacted on the host)."""
+
+    def command(self, pid: int = 0, **kwargs: Any) -> Command:
+        return Command("read", target=f"/proc/{pid}/cmdline", limit=1 << 20)
+
+    def process(self, raw: dict) -> list[str]:
+        text = ok_output(raw)
+        if not text:
+            raise Unavailable(f"{raw.get('command')}: empty (a zombie or kernel thread)")
+        return text.rstrip("\0").split("\0")
+
+
+class ProcEnviron(Fact):
+    """/proc/PID/environ -> {NAME: value} (needs root or the process's user)."""
+
+    def command(self, pid: int = 0, **kwargs: Any) -> Command:
+        return Command("read", target=f"/proc/{pid}/environ", limit=4 << 20)
+
+    def process(self, raw: dict) -> dict[str, str]:
+        if raw.get("exit_code") == 13:
+            raise Unavailable(f"permission denied reading {raw.get('command', '')[5:]} "
+                              "(audit as root or as the service's user)")
+        env: dict[str, str] = {}
+        for item in ok_output(raw).split("\0"):
+            name, sep, value = item.partition("=")
+            if sep and name:
+                env[name] = value
+        return env
+
+
+class ProcStat(Fact):
+    """/proc/PID/stat -> {pid, comm, state, ppid, start_ticks} (start in clock ticks after
+    boot; with the host's btime and CLK_TCK that is the wall-clock start)."""
+
+    def command(self, pid: int = 0, **kwargs: Any) -> Command:
+        return Command("read", target=f"/proc/{pid}/stat", limit=4096)
+
+    def process(self, raw: dict) -> dict:
+        text = ok_output(raw)
+        head, _, tail = text.rpartition(")")
+        pid, _, comm = head.partition(" (")
+        fields = tail.split()
+        return {"pid": int(pid), "comm": comm, "state": fields[0], "ppid": int(fields[1]),
+                "start_ticks": int(fields[19])}
+
+
+class HostClock(Fact):
+    """/proc/stat btime + CLK_TCK + the host's clock: turns process start ticks into time."""
+
+    def command(self, **kwargs: Any) -> Command:
+        return Command("read", target="/proc/stat", limit=1 << 16)
+
+    def process(self, raw: dict) -> dict:
+        for line in ok_output(raw).splitlines():
+            if line.startswith("btime "):
+                return {"btime": int(line.split()[1]), "clk_tck": int(raw.get("clk_tck") or 100),
+                        "now": float(raw.get("now") or 0.0)}
+        raise Unavailable("no btime line in /proc/stat")

@@ -1,0 +1,514 @@
+"""The gatherer: runs on the audited host, collects every raw fact in one go, prints JSON.
+
+Standard library only. Shipped with `auditor.facts` (the commands and parsers), the
+redactor and patchset's engine (for the tree's state) as one tar, like the engine's apply:
+one upload and one command per host. Run in-process for localhost.
+
+It chains what one step tells the next (unit -> MainPID -> scheduler children -> port ->
+/server_info -> model path -> index -> shard headers), so it parses a little itself, with
+the same fact classes the controller uses. Every record keeps its provenance (command,
+exit code, duration); nothing here raises for a fact that cannot be had: the record says
+why. Secrets are redacted before anything is returned (auditor.redact).
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, BinaryIO
+
+if __package__ in (None, ""):          # run as a file from the bundle
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from auditor.facts import checkpoint as ck
+from auditor.facts import gpu, http, procs, systemd, tree
+from auditor.facts.base import Command
+from auditor.redact import Redactor, is_secret_name
+
+FORMAT = 1
+VERSION = "1"
+RUN_TIMEOUT = 30.0
+HTTP_TIMEOUT = 5.0
+HTTP_LIMIT = 8 << 20
+SERVER_MARK = "sglang.launch_server"
+ROUTER_MARK = "sglang_router.launch_router"
+DEFAULT_PORT = 30000
+
+
+# ---------------------------------------------------------------- primitives
+
+def read_header(handle: BinaryIO, size: int) -> tuple[int, dict, int]:
+    """Read a safetensors header from an open file: (N, header, bytes read).
+
+    Reads exactly 8 bytes, then exactly N: the cost is the header, not the file.
+    """
+    head = handle.read(8)
+    if len(head) != 8:
+        raise ValueError(f"file too short for a safetensors header ({len(head)} bytes)")
+    (length,) = struct.unpack("<Q", head)
+    if length > min(ck.MAX_HEADER, max(size - 8, 0)):
+        raise ValueError(f"header length {length} exceeds min(100 MB, file size - 8)")
+    body = handle.read(length)
+    if len(body) != length:
+        raise ValueError(f"header truncated: {len(body)} of {length} bytes")
+    header = json.loads(body.decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    return length, header, len(head) + len(body)
+
+
+class Runner:
+    """Runs Commands and returns raw records; redacts everything it returns."""
+
+    def __init__(self, redactor: Redactor, run_timeout: float = RUN_TIMEOUT,
+                 http_timeout: float = HTTP_TIMEOUT) -> None:
+        self.red = redactor
+        self.run_timeout = run_timeout
+        self.http_timeout = http_timeout
+
+    def record(self, cmd: Command, start: float, **fields: Any) -> dict:
+        rec = {"kind": cmd.kind, "command": self.red.text(cmd.render()),
+               "duration_ms": round((time.monotonic() - start) * 1000, 2),
+               "exit_code": None, "stdout": "", "stderr": "", "error": None}
+        rec.update(fields)
+        return rec
+
+    def run(self, cmd: Command, timeout: float | None = None) -> dict:
+        start = time.monotonic()
+        env = dict(os.environ, LC_ALL="C.UTF-8", LANG="C.UTF-8")
+        env.pop("PYTHONPATH", None)
+        env.update(dict(cmd.env))
+        try:
+            proc = subprocess.run(list(cmd.argv), capture_output=True, cwd=cmd.cwd or None,
+                                  env=env, timeout=timeout or self.run_timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except FileNotFoundError:
+            return self.record(cmd, start, exit_code=127, stderr=f"{cmd.argv[0]}: not found")
+        except PermissionError as exc:
+            return self.record(cmd, start, exit_code=126, stderr=str(exc))
+        except subprocess.TimeoutExpired:
+            return self.record(cmd, start, error=f"timed out after {timeout or self.run_timeout:g}s")
+        except OSError as exc:
+            return self.record(cmd, start, error=f"{type(exc).__name__}: {exc}")
+        return self.record(cmd, start, exit_code=proc.returncode,
+                           stdout=self.red.text(proc.stdout.decode("utf-8", "replace")),
+                           stderr=self.red.text(proc.stderr.decode("utf-8", "replace")[-4000:]))
+
+    def read(self, cmd: Command, mode: str = "text", stat: bool = False) -> dict:
+        """mode: text | environ | cmdline | json (how to redact what was read)."""
+        start = time.monotonic()
+        try:
+            with open(cmd.target, "rb") as handle:
+                data = handle.read(cmd.limit or (1 << 20))
+                info = os.fstat(handle.fileno()) if stat else None
+        except OSError as exc:
+            return self.record(cmd, start, exit_code=exc.errno or 1,
+                               stderr=exc.strerror or str(exc))
+        text = data.decode("utf-8", "replace")
+        extra: dict[str, Any] = {}
+        if info is not None:
+            extra["stat"] = {"mode": f"{info.st_mode & 0o7777:04o}", "uid": info.st_uid,
+                             "gid": info.st_gid, "mtime": info.st_mtime, "size": info.st_size}
+        return self.record(cmd, start, exit_code=0, stdout=self.redact(text, mode), **extra)
+
+    def redact(self, text: str, mode: str) -> str:
+        if mode == "environ":
+            out = []
+            for item in text.split("\0"):
+                name, sep, value = item.partition("=")
+                out.append(f"{name}={self.red.mask(value)}" if sep and value and
+                           is_secret_name(name) else self.red.text(item))
+            return "\0".join(out)
+        if mode == "cmdline":
+            return "\0".join(self.red.argv(text.split("\0")))
+        if mode == "json":
+            try:
+                return json.dumps(self.red.value(json.loads(text)))
+            except ValueError:
+                return self.red.text(text)
+        return self.red.text(text)
+
+    def http(self, cmd: Command, token: str | None = None) -> dict:
+        start = time.monotonic()
+        request = urllib.request.Request(cmd.target, headers={"Accept": "application/json"})
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.http_timeout) as resp:
+                body, status = resp.read(HTTP_LIMIT), resp.status
+        except urllib.error.HTTPError as exc:
+            body, status = exc.read(HTTP_LIMIT), exc.code
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return self.record(cmd, start, error=f"{cmd.target}: {reason}")
+        text = body.decode("utf-8", "replace")
+        return self.record(cmd, start, exit_code=0, status=status,
+                           stdout=self.redact(text, "json"))
+
+    def header(self, cmd: Command, wanted: set[str]) -> dict:
+        start = time.monotonic()
+        try:
+            size = os.stat(cmd.target).st_size
+            with open(cmd.target, "rb") as handle:
+                length, header, read = read_header(handle, size)
+        except OSError as exc:
+            return self.record(cmd, start, exit_code=exc.errno or 1,
+                               stderr=exc.strerror or str(exc))
+        except ValueError as exc:
+            return self.record(cmd, start, error=f"{cmd.target}: {exc}")
+        picked = {k: {"dtype": v.get("dtype"), "shape": v.get("shape")}
+                  for k, v in header.items() if k in wanted and isinstance(v, dict)}
+        return self.record(cmd, start, exit_code=0, stdout=json.dumps(picked),
+                           header_len=length, bytes_read=read, file_size=size,
+                           tensors_in_header=len(header) - ("__metadata__" in header))
+
+    def scan(self, cmd: Command) -> dict:
+        """Processes mentioning sglang and all their descendants, from /proc."""
+        start = time.monotonic()
+        table: dict[int, tuple[int, int, str]] = {}
+        for entry in os.listdir(cmd.target):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(cmd.target, entry, "stat").read_text()
+                argv = Path(cmd.target, entry, "cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = stat.rpartition(")")[2].split()
+            args = " ".join(self.red.argv(argv.decode("utf-8", "replace").rstrip("\0")
+                                          .split("\0")))
+            table[int(entry)] = (int(fields[1]), int(fields[19]), args)
+        keep = {pid for pid, (_, _, args) in table.items() if "sglang" in args}
+        changed = True
+        while changed:
+            more = {pid for pid, (ppid, _, _) in table.items() if ppid in keep} - keep
+            keep |= more
+            changed = bool(more)
+        lines = [f"{pid}\t{table[pid][0]}\t{table[pid][1]}\t{table[pid][2]}"
+                 for pid in sorted(keep)]
+        return self.record(cmd, start, exit_code=0, stdout="\n".join(lines))
+
+    def engine(self, cmd: Command, request: dict) -> dict:
+        start = time.monotonic()
+        try:
+            from patchset import engine
+            result = engine.run(request)
+        except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
+            return self.record(cmd, start, error=f"engine status failed: {exc}")
+        return self.record(cmd, start, exit_code=0, data=self.red.value(result))
+
+
+# ---------------------------------------------------------------- the chain
+
+class Gatherer:
+    def __init__(self, request: dict) -> None:
+        self.req = request
+        self.red = Redactor(tagged=True)
+        self.r = Runner(self.red, float(request.get("run_timeout", RUN_TIMEOUT)),
+                        float(request.get("http_timeout", HTTP_TIMEOUT)))
+
+    def gather(self) -> dict:
+        start = time.monotonic()
+        raw: dict[str, Any] = {}
+        clock = self.r.read(procs.HostClock().command())
+        clock.update(clk_tck=os.sysconf("SC_CLK_TCK"), now=time.time(),
+                     stdout="".join(line for line in clock["stdout"].splitlines(True)
+                                    if line.startswith("btime ")))
+        raw["clock"] = clock
+        raw["gpus"] = self.r.run(gpu.GpuList().command())
+        raw["tree"] = self.tree()
+        raw["units"] = self.units(raw)
+        scan = self.r.scan(procs.ProcScan().command())
+        raw["scan"] = scan
+        table = procs.ProcScan().collect(scan).value or []
+        raw["servers"] = [self.server(p, table) for p in _mains(table)]
+        raw["checkpoints"] = self.checkpoints(raw["servers"])
+        return {"ok": True, "format": FORMAT, "gatherer": VERSION,
+                "hostname": socket.gethostname(), "uid": os.geteuid(),
+                "duration_ms": round((time.monotonic() - start) * 1000, 2), "raw": raw}
+
+    def tree(self) -> dict | None:
+        if not self.req.get("tree"):
+            return None
+        cmd = tree.TreeStatus().command(tree=self.req["tree"])
+        return self.r.engine(cmd, {"op": "status", "target": self.req["tree"],
+                                   "git_prefix": self.req.get("git_prefix", "python/"),
+                                   "package": self.req.get("package", "sglang"),
+                                   "python": self.req.get("python")})
+
+    def units(self, raw: dict) -> dict:
+        pattern = self.req.get("unit_pattern", systemd.UNIT_PATTERN)
+        raw["unit_files"] = self.r.run(systemd.UnitFiles().command(pattern=pattern))
+        raw["loaded_units"] = self.r.run(systemd.LoadedUnits().command(pattern=pattern))
+        names = set(self.req.get("units") or ())
+        for key, fact in (("unit_files", systemd.UnitFiles()), ("loaded_units", systemd.LoadedUnits())):
+            names |= set(fact.collect(raw[key]).value or ())
+        units = {}
+        for name in sorted(names):
+            show = self.r.run(systemd.UnitShow().command(unit=name))
+            props = systemd.UnitShow().collect(show).value or {}
+            rec: dict[str, Any] = {"show": show, "file": None, "env_files": {}}
+            if props.get("FragmentPath"):
+                rec["file"] = self.r.read(systemd.UnitFile().command(path=props["FragmentPath"]),
+                                          stat=True)
+            for path, _optional in props.get("environment_files", []):
+                rec["env_files"][path] = self.r.read(
+                    systemd.EnvironmentFile().command(path=path), stat=True)
+            units[name] = rec
+        return units
+
+    def server(self, proc: dict, table: list[dict]) -> dict:
+        pid = proc["pid"]
+        kind = "router" if ROUTER_MARK in proc["args"] else "server"
+        argv = _argv_of(pid)
+        environ = _environ_of(pid)
+        rec: dict[str, Any] = {
+            "pid": pid, "kind": kind,
+            "stat": self.r.read(procs.ProcStat().command(pid=pid)),
+            "cmdline": self.r.read(procs.ProcCmdline().command(pid=pid), "cmdline"),
+            "environ": self.r.read(procs.ProcEnviron().command(pid=pid), "environ"),
+            "cgroup": self.r.read(Command("read", target=f"/proc/{pid}/cgroup", limit=65536)),
+            "exe": _readlink(f"/proc/{pid}/exe"), "cwd": _readlink(f"/proc/{pid}/cwd"),
+            "children": [],
+        }
+        for child in _descendants(pid, table):
+            if not child["args"].startswith("sglang::"):
+                continue
+            cpid = child["pid"]
+            rec["children"].append({
+                "pid": cpid, "title": child["args"].split()[0],
+                "stat": self.r.read(procs.ProcStat().command(pid=cpid)),
+                "environ": self.r.read(procs.ProcEnviron().command(pid=cpid), "environ")})
+        if kind == "router":
+            return rec
+        host, port = _listen(argv)
+        base = f"http://{_connect_host(host)}:{port}"
+        token = _flag(argv, "--api-key") or environ.get("SGLANG_API_KEY")
+        rec["base_url"] = base
+        rec["server_info"] = self.http_first(http.ServerInfo(), base, token)
+        rec["model_info"] = self.http_first(http.ModelInfo(), base, token)
+        rec["health"] = self.r.http(http.Health().command(base=base), token)
+        rec["imports"] = self.r.run(tree.ImportOrigin().command(
+            python=_interpreter(argv, rec["exe"], environ), cwd=rec["cwd"] or "",
+            pythonpath=environ.get("PYTHONPATH"), package=self.req.get("package", "sglang")),
+            timeout=60)
+        info = http.ServerInfo().collect(rec["server_info"]).value or {}
+        rec["model"] = info.get("model_path") or _flag(argv, "--model-path") or \
+            _flag(argv, "--model")
+        rec["model_home"] = environ.get("HF_HUB_CACHE") or (
+            os.path.join(environ["HF_HOME"], "hub") if environ.get("HF_HOME") else
+            os.path.join(environ.get("HOME", "/root"), ".cache", "huggingface", "hub"))
+        return rec
+
+    def http_first(self, fact: Any, base: str, token: str | None) -> dict:
+        """The new endpoint, then its deprecated alias when the new one is 404."""
+        rec: dict = {}
+        for path in fact.paths:
+            rec = self.r.http(fact.command(base=base, path=path), token)
+            if rec.get("status") != 404:
+                return rec
+        return rec
+
+    def checkpoints(self, servers: list[dict]) -> dict:
+        out: dict[str, dict] = {}
+        for srv in servers:
+            model = srv.get("model")
+            if not model or model in out:
+                continue
+            out[model] = self.checkpoint(model, srv.get("model_home"))
+        return out
+
+    def checkpoint(self, model: str, hub: str | None) -> dict:
+        path, how = resolve_model(model, hub)
+        rec: dict[str, Any] = {"resolved": path, "how": how, "headers": {}}
+        if path is None:
+            return rec
+        rec["config"] = self.r.read(ck.ConfigJson().command(model=path), "json")
+        rec["hf_quant"] = self.r.read(ck.HfQuantConfig().command(model=path), "json")
+        index = self.r.read(ck.SafetensorsIndex().command(model=path))
+        weight_map = (ck.SafetensorsIndex().collect(index).value or {}).get("weight_map")
+        patterns = self.req.get("tensors") or []
+        if weight_map is None and index.get("exit_code") == errno.ENOENT:
+            single = os.path.join(path, "model.safetensors")
+            rec["index"] = index
+            if os.path.exists(single):
+                rec["headers"]["model.safetensors"] = self.header(single, patterns, None)
+            return rec
+        if weight_map is None:
+            rec["index"] = index
+            return rec
+        wanted = _match(weight_map, patterns)
+        index["stdout"] = json.dumps({"weight_map": wanted, "tensors": len(weight_map),
+                                      "shards": len(set(weight_map.values()))})
+        index["trimmed"] = True
+        rec["index"] = index
+        shards = sorted(set(wanted.values()))[: int(self.req.get("max_shards", 64))]
+        for shard in shards:
+            names = {t for t, s in wanted.items() if s == shard}
+            rec["headers"][shard] = self.header(os.path.join(path, shard), patterns, names)
+        return rec
+
+    def header(self, file: str, patterns: list[dict], names: set[str] | None) -> dict:
+        cmd = ck.SafetensorsHeader().command(path=file)
+        if names is not None:
+            return self.r.header(cmd, names)
+        # single-file checkpoint: the header itself says which tensors there are
+        rec = self.r.header(cmd, _AnyMatch(patterns))
+        return rec
+
+
+class _AnyMatch(set):
+    """`name in wanted` for a single-file checkpoint: true when a pattern matches."""
+
+    def __init__(self, patterns: list[dict]) -> None:
+        super().__init__()
+        self.patterns = [p["pattern"] for p in patterns]
+
+    def __contains__(self, name: object) -> bool:
+        return any(fnmatch.fnmatchcase(str(name), p) for p in self.patterns)
+
+
+def _match(weight_map: dict[str, str], patterns: list[dict]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for spec in patterns:
+        hits = sorted(n for n in weight_map if fnmatch.fnmatchcase(n, spec["pattern"]))
+        for name in hits[: int(spec.get("max", 1000))]:
+            out[name] = weight_map[name]
+    return out
+
+
+def resolve_model(model: str, hub: str | None) -> tuple[str | None, str]:
+    """A --model-path is a directory, or a hub id cached under HF_HUB_CACHE."""
+    if os.path.isdir(model):
+        return os.path.realpath(model), "directory"
+    if hub and "/" in model and not model.startswith("/"):
+        repo = Path(hub) / ("models--" + model.replace("/", "--"))
+        ref = repo / "refs" / "main"
+        try:
+            snapshot = repo / "snapshots" / ref.read_text().strip()
+        except OSError:
+            snapshots = sorted((repo / "snapshots").glob("*")) if repo.is_dir() else []
+            if not snapshots:
+                return None, f"{model}: not a directory and not in the hub cache {hub}"
+            snapshot = snapshots[-1]
+        return str(snapshot), f"hub cache {snapshot}"
+    return None, f"{model}: no such directory on the host"
+
+
+# ---------------------------------------------------------------- process helpers
+
+def _mains(table: list[dict]) -> list[dict]:
+    """Server and router main processes (not their own spawned copies)."""
+    marks = (SERVER_MARK, ROUTER_MARK)
+    pids = {p["pid"]: p for p in table}
+    mains = []
+    for p in table:
+        if not any(m in p["args"] for m in marks) or p["args"].startswith("sglang::"):
+            continue
+        parent = pids.get(p["ppid"])
+        if parent and any(m in parent["args"] for m in marks):
+            continue
+        mains.append(p)
+    return mains
+
+
+def _descendants(pid: int, table: list[dict]) -> list[dict]:
+    out, frontier = [], {pid}
+    while frontier:
+        nxt = [p for p in table if p["ppid"] in frontier]
+        out += nxt
+        frontier = {p["pid"] for p in nxt}
+    return out
+
+
+def _argv_of(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace") \
+            .rstrip("\0").split("\0")
+    except OSError:
+        return []
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return {}
+    return dict(item.partition("=")[::2] for item in data.split("\0") if "=" in item)
+
+
+def _interpreter(argv: list[str], exe: str | None, environ: dict[str, str]) -> str:
+    """The interpreter as the server was started: argv[0], not /proc/PID/exe, because a
+    venv's python is a symlink and only its own path activates the venv."""
+    import shutil
+    first = argv[0] if argv else ""
+    if first and os.path.isabs(first) and os.path.exists(first):
+        return first
+    found = shutil.which(first, path=environ.get("PATH")) if first else None
+    return found or exe or "python3"
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.partition("=")[2]
+    return None
+
+
+def _listen(argv: list[str]) -> tuple[str, int]:
+    port = _flag(argv, "--port")
+    try:
+        return _flag(argv, "--host") or "127.0.0.1", int(port) if port else DEFAULT_PORT
+    except ValueError:
+        return _flag(argv, "--host") or "127.0.0.1", DEFAULT_PORT
+
+
+def _connect_host(host: str) -> str:
+    if host in ("0.0.0.0", "", "localhost"):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+# ---------------------------------------------------------------- entry points
+
+def run(request: dict) -> dict:
+    """Gather everything; always a JSON-able dict (an unexpected error is a record too)."""
+    try:
+        return Gatherer(request).gather()
+    except Exception as exc:  # noqa: BLE001 - report, never crash the round trip
+        import traceback
+        return {"ok": False, "format": FORMAT, "error": f"{type(exc).__name__}: {exc}",
+                "trace": Redactor().text(traceback.format_exc()[-4000:])}
+
+
+def main(argv: list[str]) -> int:
+    """`python3 gather.py BUNDLE_DIR`: reads BUNDLE_DIR/request.json, prints one JSON line."""
+    bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
+    request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
+    sys.stdout.write(json.dumps(run(request)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

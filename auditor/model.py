@@ -1,0 +1,211 @@
+"""Plain dataclasses between the audit's stages: host facts -> patch states -> findings ->
+suspects -> report. Nothing here does I/O; every stage can be printed as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .facts.base import FactValue, Provenance
+
+STATES = ("active", "inert", "gated-off", "not-applied", "drifted", "unknown")
+STATUSES = ("pass", "fail", "warn", "unknown")
+SEVERITIES = ("high", "medium", "low", "info")
+ROLE_PATHS = {"prefill": ("prefill",), "decode": ("decode",), "null": ("prefill", "decode")}
+
+
+# ---------------------------------------------------------------- facts of one host
+
+@dataclass
+class Proc:
+    pid: int
+    title: str                       # "sglang::scheduler_TP0", or the main command line
+    started: float | None            # epoch seconds (from /proc/PID/stat and btime)
+    environ: FactValue               # {NAME: value}
+    cmdline: FactValue | None = None  # [argv] (main processes)
+
+
+@dataclass
+class Unit:
+    name: str
+    show: FactValue                  # systemctl show properties (+ environment, exec_argv)
+    file: FactValue | None           # the fragment: {"sections": ..., "stat": ...}
+    env_files: dict[str, FactValue] = field(default_factory=dict)
+
+    def x(self, key: str) -> str | None:
+        """An `X-Patchset-*` key deploy wrote into the unit's [Service] section."""
+        if self.file is None or not self.file.known:
+            return None
+        values = self.file.value["sections"].get("Service", {}).get(key)
+        return values[-1] if values else None
+
+
+@dataclass
+class Server:
+    """One running SGLang process tree (a launch_server main + its scheduler children)."""
+
+    id: str                          # the unit name, or "pid N" when not under systemd
+    kind: str                        # server | router
+    unit: str | None
+    main: Proc
+    children: list[Proc]
+    exe: str | None = None
+    cwd: str | None = None
+    base_url: str | None = None
+    server_info: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    model_info: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    health: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    imports: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    model: str | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        return list(self.main.cmdline.value) if self.main.cmdline and self.main.cmdline.known \
+            else []
+
+    @property
+    def schedulers(self) -> list[Proc]:
+        return [c for c in self.children if c.title.startswith("sglang::scheduler")]
+
+
+@dataclass
+class Checkpoint:
+    model: str                       # as the server names it (path or hub id)
+    path: str | None                 # the directory on the host
+    how: str                         # how it was resolved, or why not
+    config: FactValue
+    hf_quant: FactValue
+    index: FactValue
+    tensors: FactValue               # {name: {dtype, shape, shard}}
+    header_reads: list[dict] = field(default_factory=list)   # per shard: bytes read
+
+
+@dataclass
+class HostFacts:
+    host: str
+    reachable: bool = True
+    error: str | None = None
+    hostname: str | None = None
+    clock: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    gpus: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    tree: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    unit_list: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
+    units: dict[str, Unit] = field(default_factory=dict)
+    servers: list[Server] = field(default_factory=list)
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    duration_ms: float = 0.0
+
+    def server(self, server_id: str) -> Server | None:
+        return next((s for s in self.servers if s.id == server_id), None)
+
+    @property
+    def sglang_servers(self) -> list[Server]:
+        return [s for s in self.servers if s.kind == "server"]
+
+
+# ---------------------------------------------------------------- what the audit concludes
+
+@dataclass(frozen=True)
+class Condition:
+    """One declared condition of a patch, evaluated: ok True / False / None (unknown)."""
+
+    fact: str
+    op: str
+    value: Any
+    found: Any
+    ok: bool | None
+    why: str = ""
+    source: str = ""
+    reason: str = ""                 # why `found` is unknown
+
+
+@dataclass(frozen=True)
+class PatchState:
+    patch: str
+    host: str
+    server: str | None               # server id (unit), None for host-level states
+    state: str                       # one of STATES
+    reason: str
+    conditions: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    what: str
+    value: Any = None
+    command: str | None = None
+    exit_code: int | None = None
+    duration_ms: float | None = None
+
+    @classmethod
+    def of(cls, what: str, fact: FactValue | None, value: Any = None) -> Evidence:
+        prov: Provenance | None = fact.provenance if fact else None
+        shown = value if value is not None or fact is None else \
+            (fact.value if fact.known else f"unknown: {fact.reason}")
+        return cls(what, shown, prov.command if prov else None,
+                   prov.exit_code if prov else None, prov.duration_ms if prov else None)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check result (goss/InSpec style): the single record every renderer takes."""
+
+    id: str                          # check id, with a sub-tag: "gate-env[process]"
+    host: str
+    subject: str                     # what it is about: "sglang-decode.service MMA_FLASHMLA"
+    expected: Any
+    found: Any
+    status: str                      # pass | fail | warn | unknown
+    severity: str                    # high | medium | low | info
+    message: str = ""
+    evidence: tuple[Evidence, ...] = ()
+    patches: tuple[str, ...] = ()    # patches this finding implicates (for ranking)
+
+
+@dataclass(frozen=True)
+class Step:
+    cost: int                        # 1 toggle a gate, 2 revert a patch, 3 run a probe
+    kind: str                        # toggle-gate | revert | probe | restart | fix
+    title: str
+    command: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Suspect:
+    rank: int
+    kind: str                        # patch | hazard | check
+    name: str
+    score: float
+    reasons: tuple[str, ...]
+    steps: tuple[Step, ...] = ()
+
+
+@dataclass(frozen=True)
+class SymptomReport:
+    name: str
+    title: str
+    suspects: tuple[Suspect, ...]
+    next_steps: tuple[Step, ...]
+
+
+@dataclass
+class HostReport:
+    host: str
+    facts: HostFacts
+    states: list[PatchState] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    schema_version: str
+    tool_version: str
+    generated: str
+    series: dict
+    hosts: list[HostReport]
+    symptom: SymptomReport | None = None
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for h in self.hosts for f in h.findings]

@@ -1,0 +1,287 @@
+"""Rank suspects for a symptom, with reasons, and the cheapest isolation steps first.
+
+Everything a score is made of is data: the patch's tier, path and gate (patches.yaml),
+its effective state in each server and the path that server runs (facts), findings that
+name it (checks), and the symptom's weights (auditor/data/symptoms.yaml). No patch name
+appears in this module. Steps, cheapest first:
+  1 toggle a gate (zero code change; the exact command), or restart a stale unit;
+  2 revert one unconditional patch (`patchset revert NAME`), apply a fix;
+  3 run the symptom's probe.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from patchset.model import Patch
+
+from .checks.base import AuditContext
+from .facttable import role
+from .model import (
+    ROLE_PATHS,
+    Finding,
+    HostReport,
+    PatchState,
+    Step,
+    Suspect,
+    SymptomReport,
+)
+from .policy import Symptom
+
+SUSPECT_STATUSES = ("fail", "warn")
+
+
+@dataclass
+class Access:
+    """How a step's command reaches a host: `ssh` argv prefix, or none for localhost."""
+
+    ssh: dict[str, list[str]] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)   # host -> address for URLs
+
+    def remote(self, host: str, command: str) -> str:
+        prefix = self.ssh.get(host)
+        if prefix is None:
+            return command
+        return shlex.join(prefix) + " " + shlex.quote(command)
+
+
+def rank(ctx: AuditContext, symptom_name: str, access: Access | None = None) -> SymptomReport:
+    symptom = ctx.policy.symptom(symptom_name)
+    access = access or Access()
+    scored: list[tuple[float, str, str, list[str], list[Step]]] = []
+    for patch in ctx.series.patches:
+        item = _patch_suspect(ctx, symptom, patch, access)
+        if item:
+            scored.append(item)
+    scored += _hazard_suspects(ctx, symptom, access)
+    scored += _check_suspects(ctx, symptom, access)
+    scored = [s for s in scored if s[0] >= ctx.policy.min_score]
+    scored.sort(key=lambda s: (-s[0], s[1], s[2]))
+    suspects = tuple(Suspect(rank=i + 1, kind=kind, name=name, score=round(score, 3),
+                             reasons=tuple(reasons),
+                             steps=tuple(sorted(steps, key=lambda st: st.cost)))
+                     for i, (score, kind, name, reasons, steps) in enumerate(scored))
+    return SymptomReport(symptom.name, symptom.title, suspects,
+                         _next_steps(ctx, symptom, suspects, access))
+
+
+# ---------------------------------------------------------------- patches
+
+def _served(ctx: AuditContext, host: HostReport, state: PatchState) -> tuple[str, ...]:
+    server = host.facts.server(state.server) if state.server else None
+    if server is None:
+        return ("prefill", "decode")
+    r = role(ctx.context(host, server))
+    return ROLE_PATHS.get(str(r.value), ("prefill", "decode")) if r.known \
+        else ("prefill", "decode")
+
+
+def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Access):
+    tier = symptom.tier.get(patch.tier, 0.0)
+    patch_paths = ("prefill", "decode") if patch.path == "both" else (patch.path,)
+    best, best_why = 0.0, ""
+    hits: list[tuple[HostReport, PatchState, float]] = []
+    for host in ctx.hosts:
+        for st in host.states:
+            if st.patch != patch.name:
+                continue
+            served = [p for p in patch_paths if p in _served(ctx, host, st)]
+            w_path = max((symptom.paths.get(p, 0.0) for p in served), default=0.0)
+            w_state = symptom.states.get(st.state, 0.0)
+            score = tier * w_path * w_state
+            if score <= 0:
+                continue
+            hits.append((host, st, w_path))
+            if score > best:
+                where = f"{host.host}/{st.server}" if st.server else host.host
+                best = score
+                best_why = (f"{st.state} in {where}, which runs {'/'.join(served)} "
+                            f"(symptom weight {w_path:g}): {st.reason}")
+    if best <= 0:
+        return None
+    reasons = [f"tier {patch.tier} (weight {tier:g}), path {patch.path}", best_why]
+    reasons.append(f"gated by {patch.gate.env}={patch.gate.on}: A/B it without a code change"
+                   if patch.gate else "unconditional: no gate to A/B; revert it to isolate")
+    implicated = [f for h in ctx.hosts for f in h.findings
+                  if patch.name in f.patches and f.status in SUSPECT_STATUSES]
+    if implicated:
+        best *= ctx.policy.implicated
+        reasons += [f"{f.id}: {f.message or f.found}" for f in implicated[:3]]
+    return best, "patch", patch.name, reasons, _patch_steps(ctx, symptom, patch, hits, access)
+
+
+def _patch_steps(ctx: AuditContext, symptom: Symptom, patch: Patch,
+                 hits: list[tuple[HostReport, PatchState, float]], access: Access) -> list[Step]:
+    steps: list[Step] = []
+    restart: dict[str, list[str]] = {}
+    for host, st, _ in hits:
+        server = host.facts.server(st.server) if st.server else None
+        unit = server.unit if server else None
+        if unit:
+            restart.setdefault(host.host, []).append(unit)
+        if patch.gate and unit and st.state in ("active", "gated-off"):
+            turn_on = st.state == "gated-off"
+            steps.append(Step(1, "toggle-gate",
+                              f"{'set' if turn_on else 'unset'} {patch.gate.env} in {unit} on "
+                              f"{host.host} ({'on' if turn_on else 'upstream code'}), restart",
+                              access.remote(host.host, _toggle(host, unit, patch, turn_on)),
+                              "zero code change: the same tree, the patch's kernel "
+                              + ("enabled" if turn_on else "replaced by upstream's")))
+        elif st.state == "not-applied":
+            applied = _applied(host)
+            names = ",".join([n for n in applied] + [patch.name])
+            steps.append(Step(2, "apply", f"add {patch.name} to {host.host}'s selection",
+                              f"patchset plan --only {names} {shlex.quote(host.host)}",
+                              "plan shows the change; apply with the same selection"))
+        elif st.state == "inert":
+            steps.append(Step(2, "fix", f"make {patch.name} reach its code path on "
+                              f"{host.host}", "", st.reason))
+    if not patch.gate:
+        for host_name, units in sorted(restart.items()):
+            revert = f"patchset revert {patch.name} --host {shlex.quote(host_name)}"
+            units = sorted(set(units))
+            then = access.remote(host_name, "systemctl restart " + " ".join(units))
+            if symptom.states.get("active", 0) > 0:
+                steps.append(Step(2, "revert", f"revert {patch.name} on {host_name}, restart "
+                                  f"{', '.join(units)}", f"{revert} && {then}",
+                                  "takes one unconditional patch out, exactly; "
+                                  "`patchset apply` puts it back"))
+    return _dedupe(steps)
+
+
+def _toggle(host: HostReport, unit_name: str, patch: Patch, on: bool) -> str:
+    gate = patch.gate
+    assert gate is not None
+    unit = host.facts.units.get(unit_name)
+    files = [p for p, _ in (unit.show.value.get("environment_files") or [])] \
+        if unit and unit.show.known else []
+    holding = [p for p in files if unit and unit.env_files.get(p) and
+               unit.env_files[p].known and gate.env in unit.env_files[p].value["values"]]
+    target = (holding or files or [f"/etc/sglang/{unit_name.split('.')[0]}.env"])[-1]
+    q = shlex.quote
+    edit = f"sed -i {q('/^' + gate.env + '=/d')} {q(target)}"
+    if on:
+        edit += f" && echo {q(gate.env + '=' + gate.on)} >> {q(target)}"
+    return f"{edit} && systemctl restart {q(unit_name)}"
+
+
+def _applied(host: HostReport) -> list[str]:
+    tree = host.facts.tree
+    if not tree.known:
+        return []
+    return [a["name"] for a in tree.value.get("applied") or []]
+
+
+# ---------------------------------------------------------------- hazards and checks
+
+def _hazard_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
+    if symptom.hazard <= 0:
+        return []
+    out = []
+    for hz in ctx.policy.hazards:
+        fired = [f for h in ctx.hosts for f in h.findings
+                 if f.id == f"hazard[{hz.id}]" and f.status == "fail"]
+        if not fired:
+            continue
+        paths = ("prefill", "decode") if hz.path == "both" else (hz.path,)
+        w_path = max(symptom.paths.get(p, 0.0) for p in paths)
+        score = ctx.policy.severity_weight.get(hz.severity, 0.0) * symptom.hazard * w_path
+        where = sorted({f"{f.host}/{f.subject.split(':')[0]}" for f in fired})
+        reasons = [f"upstream hazard, severity {hz.severity}, path {hz.path}",
+                   f"live in {', '.join(where)}", hz.why]
+        steps = []
+        for m in hz.mitigations:
+            command = ""
+            fix = [p for p in hz.fixed_by if p in ctx.series.by_name()]
+            if m.kind == "fix" and fix and fix[0] in m.title:
+                host = ctx.hosts[0]
+                names = ",".join(_applied(host) + fix[:1])
+                command = f"patchset plan --only {names} {shlex.quote(host.host)}"
+            steps.append(Step(m.cost, m.kind, m.title, command))
+        out.append((score, "hazard", hz.id, reasons, steps))
+    return out
+
+
+def _check_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for host in ctx.hosts:
+        for f in host.findings:
+            base = f.id.split("[")[0]
+            if base in symptom.checks and f.status in SUSPECT_STATUSES:
+                groups.setdefault((base, host.host), []).append(f)
+    out = []
+    for (base, host_name), findings in sorted(groups.items()):
+        weight = symptom.checks[base]
+        score = weight * max(ctx.policy.severity_weight.get(f.severity, 0.0) for f in findings)
+        reasons = [f"{f.subject}: {f.message or f'expected {f.expected}, found {f.found}'}"
+                   for f in findings[:4]]
+        steps = _remedies(ctx, base, host_name, findings, access)
+        out.append((score, "check", f"{base} on {host_name}", reasons, steps))
+    return out
+
+
+def _remedies(ctx: AuditContext, check_id: str, host_name: str, findings: list[Finding],
+              access: Access) -> list[Step]:
+    spec = ctx.policy.remedies.get(check_id)
+    if not spec:
+        return []
+    units = sorted({f.subject.split(" ")[0] for f in findings
+                    if f.subject.split(" ")[0].endswith(".service")}) or [""]
+    steps = []
+    for unit in units:
+        values = {"unit": shlex.quote(unit) if unit else "UNIT", "host": shlex.quote(host_name)}
+        title = spec["title"].format(unit=unit or "the unit", host=host_name)
+        if spec.get("remote"):
+            command = access.remote(host_name, spec["remote"].format(**values))
+        else:
+            command = (spec.get("local") or "").format(**values)
+        steps.append(Step(int(spec.get("cost", 2)), spec.get("kind", "fix"), title, command))
+    return _dedupe(steps)
+
+
+# ---------------------------------------------------------------- next steps
+
+def _next_steps(ctx: AuditContext, symptom: Symptom, suspects: tuple[Suspect, ...],
+                access: Access) -> tuple[Step, ...]:
+    if not suspects:
+        return ()
+    floor = suspects[0].score * ctx.policy.next_steps_fraction
+    ordered = sorted(((step.cost, -s.score, s.rank, step) for s in suspects
+                      if s.score >= floor for step in s.steps), key=lambda t: t[:3])
+    steps = _dedupe([t[3] for t in ordered])
+    if symptom.probe:
+        url = _probe_url(ctx, access)
+        steps.append(Step(3, "probe", symptom.probe.get("title", "probe"),
+                          symptom.probe.get("command", "").format(url=shlex.quote(url)),
+                          "run before and after each step above and compare"))
+    return tuple(steps)
+
+
+def _probe_url(ctx: AuditContext, access: Access) -> str:
+    """Where a client's request enters: a server without P/D, else the prefill server
+    (the gatherer saw it on the host's loopback; from here it is the host's address)."""
+    order = {"null": 0, "prefill": 1, "decode": 2}
+    best: tuple[int, str] | None = None
+    for host in ctx.hosts:
+        for server in host.facts.sglang_servers:
+            r = role(ctx.context(host, server))
+            key = order.get(str(r.value), 9)
+            url = server.base_url or ""
+            address = access.addresses.get(host.host)
+            if address and url:
+                url = url.replace("127.0.0.1", address, 1)
+            if url and (best is None or key < best[0]):
+                best = (key, url)
+    return best[1] if best else "http://HOST:PORT"
+
+
+def _dedupe(steps: list[Step]) -> list[Step]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for step in steps:
+        key = (step.kind, step.command or step.title)
+        if key not in seen:
+            seen.add(key)
+            out.append(step)
+    return out

@@ -1,0 +1,28 @@
+"""Renderers: each takes the canonical report dict (auditor.report.to_dict: already
+redacted) and returns text. Terminal (rich), Markdown and HTML (Jinja2 templates in
+templates/), JSON, JUnit XML (one suite per host)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+FORMATS = ("terminal", "md", "html", "json", "junit")
+
+
+def render(data: dict, fmt: str, color: bool = False, width: int | None = None) -> str:
+    if fmt == "json":
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    if fmt == "junit":
+        from .junit import render as junit
+        return junit(data)
+    if fmt in ("md", "html"):
+        from .templates import render as template
+        return template(data, fmt)
+    if fmt == "terminal":
+        from .terminal import render as terminal
+        return terminal(data, color=color, width=width)
+    raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+
+
+Renderer = Callable[[dict], str]

@@ -1,0 +1,54 @@
+"""JUnit XML: one <testsuite> per host, one <testcase> per check finding.
+
+fail -> <failure>, warn -> <failure type="warning">, unknown -> <skipped> (the reason),
+an unreachable host -> a single <error> testcase. Evidence goes to <system-out>.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from . import view
+
+
+def render(data: dict) -> str:
+    findings = view.findings_by_host(data)
+    root = ET.Element("testsuites", name="patchset audit")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for host in data["hosts"]:
+        suite = ET.SubElement(root, "testsuite", name=host["host"],
+                              timestamp=data["generated"],
+                              time=f"{(host.get('gather_ms') or 0) / 1000:.3f}")
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        if not host["reachable"] or host["error"]:
+            case = ET.SubElement(suite, "testcase", classname="host", name="reachable")
+            ET.SubElement(case, "error", message=host["error"] or "unreachable",
+                          type="unreachable" if not host["reachable"] else "gather")
+            counts["tests"] += 1
+            counts["errors"] += 1
+        for f in findings.get(host["host"], []):
+            counts["tests"] += 1
+            case = ET.SubElement(suite, "testcase", classname=f["id"], name=f["subject"])
+            text = (f"expected {view.short(f['expected'], 200)}, found "
+                    f"{view.short(f['found'], 200)}" + (f": {f['message']}" if f["message"]
+                                                        else ""))
+            if f["status"] == "fail":
+                ET.SubElement(case, "failure", message=text, type=f["severity"]).text = text
+                counts["failures"] += 1
+            elif f["status"] == "warn":
+                ET.SubElement(case, "failure", message=text, type="warning").text = text
+                counts["failures"] += 1
+            elif f["status"] == "unknown":
+                ET.SubElement(case, "skipped", message=f"unknown: {f['message'] or text}")
+                counts["skipped"] += 1
+            if f["evidence"]:
+                ET.SubElement(case, "system-out").text = "\n".join(
+                    view.evidence_line(ev) for ev in f["evidence"])
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, str(value))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") \
+        + "\n"

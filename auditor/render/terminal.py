@@ -1,0 +1,91 @@
+"""The terminal view (rich): suspects and next steps first, then per host the servers,
+the patch x server state matrix and the checks that did not pass. Plain when piped."""
+
+from __future__ import annotations
+
+import io
+
+from . import view
+
+STYLE = {"fail": "bold red", "warn": "yellow", "unknown": "magenta", "pass": "green",
+         "active": "green", "inert": "dim", "gated-off": "dim", "not-applied": "dim",
+         "drifted": "bold red"}
+
+
+def _tag(text: str) -> str:
+    style = STYLE.get(text)
+    return f"[{style}]{text}[/{style}]" if style else text
+
+
+def render(data: dict, color: bool = False, width: int | None = None) -> str:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=color, no_color=not color,
+                      width=width or 140, highlight=False, soft_wrap=False)
+    s = data["summary"]
+    c = s["checks"]
+    console.print(f"[bold]patchset audit[/bold]  {data['series']['upstream']['name']} "
+                  f"{data['series']['upstream']['version']}, {s['hosts']} host(s): "
+                  f"{_tag('fail')} {c['fail']}  {_tag('warn')} {c['warn']}  "
+                  f"{_tag('unknown')} {c['unknown']}  {_tag('pass')} {c['pass']}"
+                  + (f"  unreachable: {escape(', '.join(s['unreachable']))}"
+                     if s["unreachable"] else ""))
+    if data.get("symptom"):
+        sym = data["symptom"]
+        table = Table(title=f"Suspects for: {escape(sym['title'])}", title_justify="left",
+                      show_lines=True, expand=True)
+        for col in ("#", "suspect", "kind", "score", "why"):
+            table.add_column(col, overflow="fold", ratio=6 if col == "why" else None)
+        for sp in sym["suspects"]:
+            table.add_row(str(sp["rank"]), f"[bold]{escape(sp['name'])}[/bold]", sp["kind"],
+                          f"{sp['score']:g}", escape("\n".join(sp["reasons"])))
+        console.print(table)
+        console.print("[bold]Next steps, cheapest first[/bold]")
+        for i, step in enumerate(sym["next_steps"], 1):
+            console.print(f" {i}. {escape(step['title'])} [dim](cost {step['cost']}, "
+                          f"{step['kind']})[/dim]")
+            if step["command"]:
+                console.print(f"    [cyan]{escape(step['command'])}[/cyan]", soft_wrap=True)
+    findings = view.findings_by_host(data)
+    for host in data["hosts"]:
+        console.rule(f"[bold]{escape(host['host'])}[/bold]", align="left")
+        if not host["reachable"] or host["error"]:
+            console.print(f"  {_tag('fail')} {escape(host['error'] or 'unreachable')}")
+        else:
+            console.print(f"  GPUs: {escape(view.gpus(host))}")
+            console.print(f"  tree: {escape(view.tree(host))}")
+            servers = Table(box=None, pad_edge=False, expand=False)
+            for col in ("server", "role", "pid", "started", "health", "MoE", "imports"):
+                servers.add_column(col, overflow="fold")
+            for sv in view.servers(host):
+                servers.add_row(escape(sv["id"]), sv["role"], str(sv["pid"]), sv["started"],
+                                escape(sv["health"]), escape(str(sv["backend"])),
+                                escape(sv["imports"]))
+            console.print(servers)
+            columns, rows = view.matrix(host)
+            states = Table(title="patch states", title_justify="left", expand=False)
+            states.add_column("patch")
+            for col in columns:
+                states.add_column(escape(col))
+            for row in rows:
+                states.add_row(row["patch"], *(_tag(row["cells"].get(col, "-"))
+                                               for col in columns))
+            console.print(states)
+        bad = [f for f in findings.get(host["host"], []) if f["status"] != "pass"]
+        passed = len(findings.get(host["host"], [])) - len(bad)
+        if bad:
+            checks = Table(title="checks not passing", title_justify="left", expand=True,
+                           show_lines=False)
+            for col in ("status", "sev", "check", "subject", "expected", "found"):
+                checks.add_column(col, overflow="fold")
+            for f in bad:
+                checks.add_row(_tag(f["status"]), f["severity"], escape(f["id"]),
+                               escape(f["subject"] + ("\n" + f["message"] if f["message"]
+                                                      else "")),
+                               escape(view.short(f["expected"])), escape(view.short(f["found"])))
+            console.print(checks)
+        console.print(f"  {passed} check(s) passed" + ("" if bad else ", none failed"))
+    return buffer.getvalue()

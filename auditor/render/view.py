@@ -1,0 +1,108 @@
+"""Shapes of the report dict that every human-facing renderer shows the same way."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+STATE_ORDER = ("active", "unknown", "drifted", "inert", "gated-off", "not-applied")
+
+
+def when(epoch: Any) -> str:
+    if not isinstance(epoch, (int, float)):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
+
+
+def short(value: Any, limit: int = 80) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(str(v) for v in value)
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k}={v}" for k, v in value.items())
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def role_of(server: dict) -> str:
+    info = server["server_info"]
+    if info["known"] and isinstance(info["value"], dict):
+        mode = info["value"].get("disaggregation_mode")
+        if mode:
+            return str(mode)
+    argv = server.get("argv") or []
+    if "--disaggregation-mode" in argv:
+        i = argv.index("--disaggregation-mode")
+        if i + 1 < len(argv):
+            return argv[i + 1]
+    return "router" if server["kind"] == "router" else "null"
+
+
+def servers(host: dict) -> list[dict]:
+    out = []
+    for s in host["facts"]["servers"]:
+        health = s["health"]
+        imports = s["imports"]
+        out.append({
+            "id": s["id"], "kind": s["kind"], "role": role_of(s), "pid": s["pid"],
+            "started": when(s["started"]), "url": s.get("base_url") or "-",
+            "health": (str(health["value"].get("status")) if health["known"] and
+                       health["value"] else f"unknown: {health['reason']}"),
+            "imports": imports["value"]["origin"] if imports["known"] and imports["value"]
+            else f"unknown: {imports['reason']}",
+            "backend": (s["server_info"]["value"] or {}).get("moe_runner_backend", "-")
+            if s["server_info"]["known"] else "-"})
+    return out
+
+
+def matrix(host: dict) -> tuple[list[str], list[dict]]:
+    """(server columns, rows of {patch, cells: {server: state}, reasons: {server: why}})."""
+    columns: list[str] = []
+    rows: dict[str, dict] = {}
+    for st in host["states"]:
+        col = st["server"] or "host"
+        if col not in columns:
+            columns.append(col)
+        row = rows.setdefault(st["patch"], {"patch": st["patch"], "cells": {}, "reasons": {}})
+        row["cells"][col] = st["state"]
+        row["reasons"][col] = st["reason"]
+    return columns, list(rows.values())
+
+
+def gpus(host: dict) -> str:
+    g = host["facts"]["gpus"]
+    if not g["known"]:
+        return f"unknown: {g['reason']}"
+    names: dict[str, int] = {}
+    for row in g["value"]:
+        key = f"{row['name']} (compute_cap {row['compute_cap']})"
+        names[key] = names.get(key, 0) + 1
+    return ", ".join(f"{n}x {k}" for k, n in names.items())
+
+
+def tree(host: dict) -> str:
+    t = host["facts"]["tree"]
+    if not t["known"]:
+        return f"unknown: {t['reason']}"
+    v = t["value"]
+    if not v.get("managed"):
+        return f"{v.get('target')}: not managed by patchset"
+    up = v.get("upstream") or {}
+    applied = ", ".join(a["name"] for a in v.get("applied") or []) or "none"
+    return (f"{v.get('target')} ({v.get('kind')}), {up.get('name')} {up.get('version')}, "
+            f"last apply {v.get('updated')}; applied: {applied}")
+
+
+def findings_by_host(data: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {h["host"]: [] for h in data["hosts"]}
+    for f in data["findings"]:
+        out.setdefault(f["host"], []).append(f)
+    return out
+
+
+def evidence_line(ev: dict) -> str:
+    where = f" [{ev['command']} -> exit {ev['exit_code']}, {ev['duration_ms']} ms]" \
+        if ev.get("command") else ""
+    return f"{ev['what']}: {short(ev['value'], 120)}{where}"

@@ -1,0 +1,237 @@
+"""The effective state of every patch in every server, with its reason.
+
+A patch is live only when it is applied (and intact), its gate is on in the processes
+that run the kernels, the server runs a path the patch serves, and every condition it
+declares in `requires` holds. All of that comes from the series (path, gate, requires)
+evaluated against facts through the fact table; nothing here knows a patch by name.
+
+    not-applied  not in the tree's state, or the tree is not managed by patchset
+    drifted      applied, but a file it touches was edited since, or another version of
+                 the patch is applied than the series has
+    gated-off    applied, its env gate is not set to its `on` value in the server
+    inert        applied and gated on, but its code never runs here: the server imports
+                 another tree, serves only the other path, or a `requires` condition fails
+    unknown      a fact needed to decide is unknown (named, with why)
+    active       all of the above hold
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from patchset.model import Patch, Requirement, Series
+
+from .facts.base import FactValue
+from .facttable import Context, resolve, role
+from .model import ROLE_PATHS, Condition, HostFacts, PatchState, Server
+from .staleness import stale
+
+
+def evaluate_host(series: Series, facts: HostFacts) -> list[PatchState]:
+    """States per (patch, server); a host with no running server gets host-level states."""
+    servers = facts.sglang_servers
+    out: list[PatchState] = []
+    for srv in servers or [None]:
+        out += Evaluator(series, facts, srv).all()
+    return out
+
+
+class Evaluator:
+    """Evaluates the series for one server; `patch.X` facts recurse through it."""
+
+    def __init__(self, series: Series, facts: HostFacts, server: Server | None) -> None:
+        self.series, self.facts, self.server = series, facts, server
+        self.ctx = Context(facts, server, patch_state=self._patch_fact)
+        self.done: dict[str, PatchState] = {}
+        self.busy: set[str] = set()
+
+    def all(self) -> list[PatchState]:
+        return [self.state(p) for p in self.series.patches]
+
+    def _patch_fact(self, name: str) -> FactValue:
+        patch = self.series.by_name().get(name)
+        if patch is None:
+            return FactValue.unknown(f"no patch {name!r} in the series")
+        if name in self.busy:
+            return FactValue.unknown(f"patch.{name} requires itself (a cycle of requires)")
+        st = self.state(patch)
+        return FactValue(st.state, source=f"patch {name}: {st.reason}")
+
+    def state(self, patch: Patch) -> PatchState:
+        if patch.name not in self.done:
+            self.busy.add(patch.name)
+            try:
+                self.done[patch.name] = self._state(patch)
+            finally:
+                self.busy.discard(patch.name)
+        return self.done[patch.name]
+
+    def _make(self, patch: Patch, state: str, reason: str,
+              conditions: tuple[Condition, ...] = ()) -> PatchState:
+        return PatchState(patch.name, self.facts.host, self.server.id if self.server else None,
+                          state, reason, conditions)
+
+    def _state(self, patch: Patch) -> PatchState:
+        tree = self.facts.tree
+        if not tree.known:
+            return self._make(patch, "unknown", f"the tree's state is unknown: {tree.reason}")
+        status = tree.value
+        where = status.get("target", "the tree")
+        if not status.get("managed"):
+            return self._make(patch, "not-applied", f"{where} is not managed by patchset "
+                              "(no .patchset/state.json)")
+        applied = {a["name"]: a for a in status.get("applied") or []}
+        if patch.name not in applied:
+            return self._make(patch, "not-applied", f"not applied on {where} (applied: "
+                              f"{', '.join(applied) or 'none'})")
+        if status.get("interrupted"):
+            return self._make(patch, "unknown", f"an interrupted {status['interrupted']['op']} "
+                              f"on {where}: the next apply or revert finishes it")
+        drifted = _drift(patch, status, applied[patch.name])
+        if drifted:
+            return self._make(patch, "drifted", drifted)
+        if self.server is None:
+            return self._make(patch, "unknown", f"applied on {where}, but no SGLang server "
+                              f"is running on {self.facts.host}")
+        live = self._live_code(status)
+        if live:
+            return self._make(patch, live[0], live[1])
+        return self._runtime(patch)
+
+    def _live_code(self, status: dict) -> tuple[str, str] | None:
+        """Does the server run the managed tree, loaded after the last apply?"""
+        srv = self.server
+        assert srv is not None
+        if not srv.imports.known:
+            return "unknown", f"which tree {srv.id} imports is unknown: {srv.imports.reason}"
+        pin = self.series.upstream
+        managed = managed_package_dir(status, pin.git_prefix, pin.name)
+        origin = srv.imports.value["origin"]
+        if managed and os.path.dirname(origin) != managed:
+            return "inert", (f"{srv.id} imports {origin}, not the managed tree "
+                             f"{managed}: patching it is a silent no-op")
+        served = role(self.ctx)
+        is_stale, why = stale(srv, status, str(served.value) if served.known else None)
+        if is_stale:
+            return "unknown", f"{srv.id} {why} (restart it)"
+        return None
+
+    def _runtime(self, patch: Patch) -> PatchState:
+        srv = self.server
+        assert srv is not None
+        unknown: list[str] = []
+        false: list[str] = []
+        conditions: list[Condition] = []
+        gate_off = None
+        if patch.gate is not None:
+            value = resolve(f"env.{patch.gate.env}", self.ctx)
+            cond = _condition(Requirement(f"env.{patch.gate.env}", "eq", patch.gate.on,
+                                          "the patch's env gate"), value)
+            conditions.append(cond)
+            if cond.ok is False:
+                shown = " unset" if value.value is None else f"={value.value}"
+                gate_off = (f"gate {patch.gate.env}{shown} in {srv.id} ({value.source}); "
+                            f"the patch runs with {patch.gate.env}={patch.gate.on}")
+            elif cond.ok is None:
+                unknown.append(f"env.{patch.gate.env}: {value.reason}")
+        if patch.path != "both":
+            served = role(self.ctx)
+            cond = Condition("unit.role", "serves", patch.path, served.value if served.known
+                             else None, None if not served.known else
+                             patch.path in ROLE_PATHS.get(str(served.value), ()),
+                             f"a {patch.path}-path patch", served.source, served.reason)
+            conditions.append(cond)
+            if cond.ok is False:
+                false.append(f"path {patch.path}: {srv.id} serves "
+                             f"{'/'.join(ROLE_PATHS.get(str(served.value), ('nothing',)))} "
+                             f"only ({served.source}: {served.value})")
+            elif cond.ok is None:
+                unknown.append(f"unit.role: {served.reason}")
+        for req in patch.requires:
+            value = resolve(req.fact, self.ctx)
+            cond = _condition(req, value)
+            conditions.append(cond)
+            if cond.ok is False:
+                false.append(f"requires {req.fact} {req.op} {_show(req.value)}"
+                             f"{' (' + req.why + ')' if req.why else ''}; live: "
+                             f"{_show(value.value)} ({value.source or 'fact'})")
+            elif cond.ok is None:
+                unknown.append(f"{req.fact}: {value.reason}")
+        conds = tuple(conditions)
+        if gate_off:
+            return self._make(patch, "gated-off", gate_off, conds)
+        if false:
+            return self._make(patch, "inert", false[0], conds)
+        if unknown:
+            return self._make(patch, "unknown", "unknown " + "; ".join(unknown), conds)
+        gate = f"gate {patch.gate.env}={patch.gate.on} on, " if patch.gate else "unconditional, "
+        return self._make(patch, "active", f"{gate}{len(patch.requires)} condition(s) hold "
+                          f"in {srv.id}", conds)
+
+
+def _condition(req: Requirement, value: FactValue) -> Condition:
+    if not value.known:
+        return Condition(req.fact, req.op, req.value, None, None, req.why, value.source,
+                         value.reason)
+    return Condition(req.fact, req.op, req.value, value.value, holds(req.op, value.value,
+                                                                     req.value),
+                     req.why, value.source)
+
+
+def holds(op: str, found: Any, expected: Any) -> bool:
+    """eq / ne / in / not_in, with None meaning unset and scalars compared loosely
+    ("12.0" == 12.0, "256" == 256): env values are strings, JSON values are typed."""
+    if op == "eq":
+        return same(found, expected)
+    if op == "ne":
+        return not same(found, expected)
+    if op == "in":
+        return any(same(found, e) for e in expected)
+    if op == "not_in":
+        return not any(same(found, e) for e in expected)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if a == b:
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return str(a).lower() == str(b).lower()
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def _drift(patch: Patch, status: dict, applied: dict) -> str | None:
+    touched = {c.path for c in patch.files}
+    for item in status.get("drift") or []:
+        if item["path"] in touched:
+            found = (item.get("found") or "absent")[:12]
+            return (f"{item['path']} was edited since the apply (expected blob "
+                    f"{(item.get('expected') or 'absent')[:12]}, found {found})")
+    if applied.get("sha256") and patch.sha256 and applied["sha256"] != patch.sha256:
+        return (f"the applied version (sha256 {applied['sha256'][:12]}) is not the series' "
+                f"(sha256 {patch.sha256[:12]}): re-apply")
+    return None
+
+
+def managed_package_dir(status: dict, git_prefix: str = "python/",
+                        package: str = "sglang") -> str | None:
+    """The directory `import sglang` must resolve to for the managed tree to be live."""
+    target = status.get("target")
+    if not target:
+        return None
+    prefix = git_prefix if status.get("layout") == "git" else ""
+    return os.path.normpath(os.path.join(target, prefix, package))
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)

@@ -1,0 +1,405 @@
+"""`patchset deploy`: render the units of a host's roles and run them there, or roll back.
+
+Two round trips per host:
+  1. facts: the tree (layout, state: applied patches with gates and paths), the unit and
+     env files installed now, the units' state (running? stale?). Read-only.
+  2. deploy: the rendered files and the runner (deploy/unit_engine.py, stdlib only, with
+     the engine) in one tar; it verifies, installs, reloads, enables, restarts and waits
+     for /health on the host, streaming JSON-line progress back, and rolls back there.
+A dry run stops after 1 with the diff of every file and what would be restarted.
+
+Every value in the files comes from the inventory (validated in deploy/units.py) or from
+the state on the host (gates, patch names: validated again before rendering). Nothing is
+installed unless every file rendered and `systemd-analyze verify` printed nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import json
+import secrets
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from patchset import __version__, engine
+from patchset.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    PatchsetError,
+    TargetError,
+    UsageError,
+)
+
+from . import unit_engine, units
+
+EventSink = Callable[[dict], None]
+
+BOOTSTRAP = """\
+import os, shutil, sys, tarfile, runpy
+d = sys.argv[1]
+try:
+    with tarfile.open(os.path.join(d, "bundle.tar")) as t:
+        t.extractall(d)
+    sys.argv = ["unit_engine", d]
+    runpy.run_path(os.path.join(d, "unit_engine.py"), run_name="__main__")
+finally:
+    shutil.rmtree(d, ignore_errors=True)
+"""
+REMOTE_ENV = ("LC_ALL=C.UTF-8", "LANG=C.UTF-8")
+
+
+# ---------------------------------------------------------------- channels
+
+def bundle(request: dict) -> bytes:
+    """engine.py + unit_engine.py + request.json, as one tar."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in (("engine.py", Path(engine.__file__).read_bytes()),
+                           ("unit_engine.py", Path(unit_engine.__file__).read_bytes()),
+                           ("request.json", json.dumps(request).encode())):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class LineSink:
+    """A text stream for fabric's out_stream: JSON events go to `on_event` as they come,
+    the `{"result": ...}` line is kept, anything else is kept for error messages."""
+
+    def __init__(self, on_event: EventSink | None) -> None:
+        self.on_event = on_event
+        self.buffer = ""
+        self.result: dict | None = None
+        self.other: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            self.line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buffer:
+            self.line(self.buffer)
+            self.buffer = ""
+
+    def line(self, line: str) -> None:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and "result" in value:
+            self.result = value["result"]
+        elif isinstance(value, dict) and "event" in value:
+            if self.on_event:
+                self.on_event(value)
+        elif line.strip():
+            self.other.append(line)
+
+
+class SshChannel:
+    """Runs the deploy runner on an SSH host over the transport's one connection."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.host = transport.host
+        self.sudo = False
+        self.round_trips = 0
+
+    def run(self, request: dict, on_event: EventSink | None = None) -> dict:
+        conn = self.transport.connection()
+        remote = f"/tmp/patchset-deploy-{secrets.token_hex(8)}"
+        sink, errors = LineSink(on_event), io.StringIO()
+        try:
+            sftp = conn.sftp()
+            sftp.mkdir(remote, 0o700)
+            sftp.putfo(io.BytesIO(bundle(request)), f"{remote}/bundle.tar")
+            argv = (["sudo", "-n"] if self.sudo else []) + [
+                "env", *REMOTE_ENV, "python3", "-c", BOOTSTRAP, remote]
+            result = conn.run(" ".join(shlex.quote(a) for a in argv), hide=False, warn=True,
+                              pty=False, in_stream=False, out_stream=sink, err_stream=errors,
+                              encoding="utf-8")
+            self.round_trips += 1
+        except PatchsetError:
+            raise
+        except (OSError, EOFError) as exc:
+            raise self.transport._unreachable(exc) from None
+        except Exception as exc:  # paramiko raises SSHException subclasses
+            import paramiko
+            if isinstance(exc, paramiko.SSHException):
+                raise self.transport._unreachable(exc) from None
+            raise
+        sink.close()
+        return _result_of(self.host, sink, result.exited, errors.getvalue())
+
+
+class LocalChannel:
+    """Runs the deploy runner on this machine (deploy to localhost)."""
+
+    def __init__(self, host: str = "localhost") -> None:
+        self.host = host
+        self.sudo = False
+        self.round_trips = 0
+
+    def run(self, request: dict, on_event: EventSink | None = None) -> dict:
+        with tempfile.TemporaryDirectory(prefix="patchset-deploy-") as tmp:
+            (Path(tmp) / "bundle.tar").write_bytes(bundle(request))
+            argv = (["sudo", "-n"] if self.sudo else []) + [
+                sys.executable, "-c", BOOTSTRAP, tmp]
+            sink = LineSink(on_event)
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL, text=True) as proc:
+                for line in proc.stdout:           # type: ignore[union-attr]
+                    sink.write(line)
+                stderr = proc.stderr.read()        # type: ignore[union-attr]
+            self.round_trips += 1
+            sink.close()
+            return _result_of(self.host, sink, proc.returncode, stderr)
+
+
+def _result_of(host: str, sink: LineSink, exited: int | None, stderr: str) -> dict:
+    if sink.result is None:
+        tail = (stderr.strip().splitlines() or sink.other)[-3:]
+        raise TargetError(f"{host}: the deploy runner exited {exited} without a result "
+                          f"({' / '.join(tail) or 'no output'}); is python3 >= 3.8 there?")
+    return sink.result
+
+
+# ---------------------------------------------------------------- results
+
+@dataclass
+class RoleReport:
+    role: str
+    unit: str
+    unit_path: str
+    env_path: str
+    changed: bool                      # unit or env file differs from the installed one
+    restart: str | None                # why it is (or would be) restarted
+    actions: list[str] = field(default_factory=list)
+    diff: str = ""
+    active: str | None = None
+    stale: bool = False
+    gates: dict[str, str] = field(default_factory=dict)
+    patches: str = ""
+    health_url: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeployResult:
+    host: str
+    ok: bool
+    dry_run: bool = False
+    changed: bool = False
+    tree: str | None = None
+    roles: list[RoleReport] = field(default_factory=list)
+    failed: dict | None = None
+    rollback: list[dict] | None = None
+    recovered: list[dict] | None = None    # an interrupted deploy rolled back first
+    error: str | None = None
+    details: str = ""
+    exit_code: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- the library call
+
+def select_roles(host: Any, roles: list[str] | None) -> list[str]:
+    """Requested roles (default: every role the host has), in restart order."""
+    for role in roles or []:
+        if role not in units.ROLES:
+            raise UsageError(f"--role {role!r}: expected one of {', '.join(units.ROLES)}")
+        if role not in host.roles:
+            raise UsageError(f"{host.name}: no role {role!r} in hosts.yaml "
+                             f"(hosts.{host.name}.roles has: {', '.join(host.roles) or 'none'})")
+    wanted = set(roles) if roles else set(host.roles)
+    if not wanted:
+        raise UsageError(f"{host.name}: no roles in hosts.yaml (hosts.{host.name}.roles: "
+                         "prefill, decode, router) - nothing to deploy")
+    return [r for r in units.ROLES if r in wanted]
+
+
+def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
+           dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
+           on_event: EventSink | None = None, git_prefix: str = "python/",
+           package: str = "sglang", source: str = "hosts.yaml") -> DeployResult:
+    """Render, diff, verify, install, restart in order and wait for /health (or roll back).
+
+    Bad settings raise UsageError before the host is contacted; an unreachable host
+    raises HostUnreachable; everything the host refuses or fails is in the result."""
+    chosen = select_roles(host, roles)
+    # Everything that can be checked without the host is checked first (exit 2).
+    units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix), source=source)
+    base = {"tree": tree, "git_prefix": git_prefix, "package": package,
+            "tool_version": __version__}
+    facts = _facts(channel, dict(base, op="facts", roles=_names(chosen)))
+    if not facts.get("tree"):
+        raise TargetError(f"{host.name}: no SGLang tree at {tree}: run `patchset apply` there "
+                          "first (the units serve that tree)")
+    t = facts["tree"]
+    state = {"applied": t["applied"]} if t["managed"] else None
+    resolved = units.resolve(host, chosen, t["root"], state, t["layout"], git_prefix)
+    if timeout is not None:
+        resolved = {r: replace(u, health_timeout=timeout) for r, u in resolved.items()}
+    rendered = units.render(host, resolved, source=source)
+    reports = [_report(r, resolved[r], rendered[r], facts["roles"][r]) for r in chosen]
+    result = DeployResult(host=host.name, ok=True, dry_run=dry_run, tree=t["root"],
+                          roles=reports, notes=_notes(facts),
+                          changed=any(r.changed or r.restart for r in reports))
+    if dry_run:
+        return result
+    if not facts.get("systemd"):
+        return _failed(result, f"{host.name}: systemd is not running there", EXIT_FAILED)
+    request = dict(base, op="deploy", state_sha256=t["state_sha256"], lock_wait=lock_wait,
+                   roles={r: {**_names([r])[r], "unit_text": rendered[r].unit_text,
+                              "env_text": rendered[r].env_text,
+                              "health_url": resolved[r].health_url,
+                              "health_timeout": resolved[r].health_timeout} for r in chosen})
+    return _outcome(result, channel.run(request, on_event))
+
+
+def _names(roles: list[str]) -> dict[str, dict]:
+    return {r: {"unit": units.unit_name(r), "unit_path": f"{units.UNIT_DIR}/{units.unit_name(r)}",
+                "env_path": f"{units.ENV_DIR}/{r}.env"} for r in roles}
+
+
+def _notes(facts: dict) -> list[str]:
+    t, notes = facts["tree"], []
+    if not t["managed"]:
+        notes.append(f"{t['root']} is not managed by patchset (no state): no patch gates to set")
+    if facts.get("interrupted"):
+        i = facts["interrupted"]
+        notes.append(f"a deploy interrupted since {i.get('since')} (pid {i.get('pid')}) left "
+                     "files behind; the next deploy rolls it back first")
+    return notes
+
+
+def _outcome(result: DeployResult, raw: dict) -> DeployResult:
+    """Fold the runner's answer into the result: actions, recovery, failure + rollback."""
+    if not raw.get("ok"):
+        error = raw.get("error") or {}
+        code = EXIT_BAD_INPUT if error.get("kind") == "usage" else EXIT_FAILED
+        return _failed(result, f"{result.host}: {error.get('message')}", code,
+                       error.get("details") or "")
+    for report in result.roles:
+        report.actions = raw["actions"].get(report.role, [])
+        report.restart = (raw.get("restart_reasons") or {}).get(report.role)
+    result.changed = bool(raw.get("changed"))
+    if raw.get("recovered") is not None:
+        result.recovered = raw["recovered"]
+        undone = "; ".join(f"{r['unit']} {r['action']}" for r in raw["recovered"])
+        result.notes = [n for n in result.notes if "interrupted" not in n]
+        result.notes.append(f"rolled back an interrupted deploy first: "
+                            f"{undone or 'nothing to undo'}")
+    failed = raw.get("failed")
+    if not failed:
+        return result
+    result.failed, result.rollback = failed, raw.get("rollback")
+    back = "; ".join(f"{r['unit']} {r['action']}"
+                     + ("" if r.get("healthy") in (None, True)
+                        else f" but NOT healthy: {r.get('error')}")
+                     for r in raw.get("rollback") or []) or "nothing had been restarted"
+    journal = failed.get("journal") or []
+    details = "\n".join([f"last journal lines of {failed['unit']}:"]
+                        + [f"  {line}" for line in journal]) if journal else ""
+    return _failed(result, f"{result.host}: {failed['reason']}; rolled back: previous unit "
+                   f"files restored, {back}", EXIT_FAILED, details)
+
+
+def _facts(channel: Any, request: dict) -> dict:
+    raw = channel.run(request)
+    if raw.get("ok") and not raw.get("root") and not channel.sudo:
+        channel.sudo = True            # env files are root-only: read them as root
+        try:
+            raw = channel.run(request)
+        except TargetError:
+            raise TargetError(f"{channel.host}: deploy needs root there (it writes "
+                              "/etc/systemd/system and runs systemctl): connect as root or "
+                              "allow passwordless sudo") from None
+    if not raw.get("ok"):
+        error = raw.get("error") or {}
+        cls = UsageError if error.get("kind") == "usage" else TargetError
+        raise cls(f"{channel.host}: {error.get('message')}")
+    return raw
+
+
+def _failed(result: DeployResult, message: str, code: int, details: str = "") -> DeployResult:
+    result.ok, result.error, result.exit_code, result.details = False, message, code, details
+    return result
+
+
+def _report(role: str, u: units.RoleUnit, r: units.Rendered, facts: dict) -> RoleReport:
+    old_unit, old_env = facts.get("unit_text"), facts.get("env_text")
+    changed = (old_unit, old_env) != (r.unit_text, r.env_text)
+    active = (facts.get("systemd") or {}).get("ActiveState")
+    stale = bool(facts.get("stale"))
+    restart = ("unit or env file changed" if changed else "not running" if active != "active"
+               else "stale: started before the tree changed" if stale else None)
+    diff = "".join(_diff(old_unit, r.unit_text, r.unit_path)
+                   + _diff(old_env, r.env_text, r.env_path))
+    return RoleReport(role=role, unit=r.unit, unit_path=r.unit_path, env_path=r.env_path,
+                      changed=changed, restart=restart, diff=diff, active=active, stale=stale,
+                      gates=dict(u.gates), patches=u.patches, health_url=u.health_url,
+                      notes=list(u.notes))
+
+
+def _diff(old: str | None, new: str, path: str) -> list[str]:
+    if old == new:
+        return []
+    lines = difflib.unified_diff((old or "").splitlines(keepends=True),
+                                 new.splitlines(keepends=True),
+                                 "/dev/null" if old is None else f"a{path}", f"b{path}")
+    return [line if line.endswith("\n") else line + "\n" for line in lines]
+
+
+# ---------------------------------------------------------------- after apply
+
+def affected_roles(host: Any, channel: Any, tree: str, git_prefix: str = "python/",
+                   package: str = "sglang") -> tuple[list[str], dict]:
+    """Installed server roles whose patches or gates differ from the tree's state now, or
+    whose process is stale: what `apply --restart` redeploys. Returns (roles, facts)."""
+    candidates = [r for r in units.SERVER_ROLES if r in host.roles]
+    if not candidates:
+        return [], {}
+    facts = _facts(channel, {"op": "facts", "tree": tree, "git_prefix": git_prefix,
+                             "package": package, "roles": _names(candidates)})
+    t = facts.get("tree")
+    if not t:
+        return [], facts
+    out = []
+    for role in candidates:
+        info = facts["roles"][role]
+        if info.get("unit_text") is None:
+            continue
+        running = units.parse_env_file(info.get("env_text") or "")
+        u = units.resolve(host, [role], t["root"], {"applied": t["applied"]}, t["layout"],
+                          git_prefix)[role]
+        # the gates as rendered (hosts.yaml may override one); a removed gated patch
+        # changes PATCHSET_PATCHES too
+        now = {k: u.env[k] for k in ("PATCHSET_PATCHES", *u.gates)}
+        if {k: running.get(k) for k in now} != now or info.get("stale"):
+            out.append(role)
+    return out, facts
+
+
+def channel_for(transport: Any) -> Any:
+    """The deploy channel matching a queue transport (SSH or local)."""
+    if hasattr(transport, "connection"):
+        return SshChannel(transport)
+    return LocalChannel(getattr(transport, "host", "localhost"))
+

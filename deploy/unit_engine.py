@@ -1,0 +1,530 @@
+"""The deploy runner: installs and restarts the SGLang units, on the host they run on.
+
+Standard library only. The controller ships it with the engine (it reuses the engine's
+Target, lock and unit facts) and the rendered unit and env files in one tar, runs
+`python3 unit_engine.py BUNDLE_DIR`, and reads JSON lines back: progress events
+(`{"event": ...}`) while it works, then one `{"result": ...}`. The whole transaction,
+rollback included, happens here, so a dropped SSH connection cannot leave it half done
+(SIGHUP is ignored and a closed stdout only stops the events).
+
+Ops:
+  facts   read-only: the tree and its state, the installed files, the units' state
+  deploy  under the deploy lock and the tree's lock: check the state is still the one the
+          files were rendered from; `systemd-analyze verify` the new units (any output is a
+          failure); install what changed; daemon-reload; enable; restart in order the roles
+          that changed, are not running, or are stale; wait for each /health. If a unit
+          fails: put every previous file back, daemon-reload, bring the restarted roles
+          back to how they were, and report the unit's last journal lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _engine():
+    """The engine shipped next to this file in the bundle, else the package's (tests)."""
+    shipped = Path(__file__).resolve().parent / "engine.py"
+    if not shipped.is_file():
+        from patchset import engine as packaged
+        return packaged
+    spec = importlib.util.spec_from_file_location("patchset_shipped_engine", shipped)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+engine = _engine()
+
+EngineError = engine.EngineError
+DEPLOY_LOCK = "/run/lock/patchset-deploy.lock"
+RECORD_DIR = "/var/lib/patchset/deploy"
+JOURNAL_LINES = 30
+POLL_S = 1.0          # /health poll interval
+POLL_FAST_S = 0.2     # ... during the first FAST_FOR_S seconds (a quick restart)
+FAST_FOR_S = 5.0
+SYSTEMCTL_TIMEOUT = 120
+
+
+class Events:
+    """JSON lines on stdout; a closed stdout (SSH gone) stops the events, not the work."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+        self.alive = True
+
+    def __call__(self, event: str, **data: Any) -> None:
+        self.line({"event": event, **data})
+
+    def line(self, value: dict) -> None:
+        if not self.alive:
+            return
+        try:
+            self.stream.write(json.dumps(value, sort_keys=True) + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.alive = False
+
+
+# ---------------------------------------------------------------- small helpers
+
+def run(args: list[str], timeout: float = SYSTEMCTL_TIMEOUT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LC_ALL="C.UTF-8", SYSTEMD_PAGER="", SYSTEMD_COLORS="0")
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", f"{args[0]} timed out after "
+                                           f"{timeout:.0f}s")
+    except OSError as exc:
+        return subprocess.CompletedProcess(args, 127, "", str(exc))
+
+
+def read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def write_file(path: str, text: str, mode: int) -> None:
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.patchset-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, dest)
+
+
+def remove_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def sha256(data: bytes | None) -> str:
+    return hashlib.sha256(data or b"").hexdigest()
+
+
+def show(unit: str) -> dict[str, str]:
+    props = ("ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus",
+             "ExecMainCode", "UnitFileState", "LoadState")
+    proc = run(["systemctl", "show", *(f"--property={p}" for p in props), "--", unit])
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def journal(unit: str, lines: int = JOURNAL_LINES) -> list[str]:
+    proc = run(["journalctl", "--no-pager", "--quiet", "-o", "short-iso", "-n", str(lines),
+                "-u", unit])
+    return proc.stdout.splitlines()[-lines:]
+
+
+def systemctl(*args: str) -> None:
+    proc = run(["systemctl", *args])
+    if proc.returncode != 0:
+        raise EngineError(f"systemctl {' '.join(args)} failed: "
+                          f"{(proc.stderr or proc.stdout).strip() or proc.returncode}")
+
+
+def probe(url: str, timeout: float) -> tuple[bool, str]:
+    """GET url without any proxy: (healthy, what was seen)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            return response.status == 200, f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, str(getattr(reason, "strerror", None) or reason)
+
+
+@contextlib.contextmanager
+def flock(path: str, wait: float, what: str) -> Iterator[None]:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.seek(0)
+                    holder = handle.read().strip() or "another process"
+                    raise EngineError(f"{what} is running ({holder}); wait for it or pass "
+                                      "--lock-wait SECONDS", "locked") from None
+                time.sleep(0.2)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"patchset deploy, pid {os.getpid()}, since {engine._now()}\n")
+        handle.flush()
+        yield
+
+
+# ---------------------------------------------------------------- the tree
+
+def open_tree(request: dict) -> "engine.Target | None":
+    path = Path(os.path.expanduser(request["tree"]))
+    if not path.exists():
+        return None
+    return engine.Target(str(path), request.get("git_prefix", "python/"),
+                         request.get("package", "sglang"))
+
+
+def state_bytes(target: "engine.Target | None") -> bytes | None:
+    if target is None:
+        return None
+    try:
+        return target.state_file.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def units_by_name(target: "engine.Target | None", state: dict | None) -> dict[str, dict]:
+    if target is None:
+        return {}
+    return {u["unit"]: u for u in engine.unit_facts(target, state)}
+
+
+# ---------------------------------------------------------------- facts
+
+def op_facts(request: dict) -> dict:
+    target = open_tree(request)
+    state = target.state() if target else None
+    facts = units_by_name(target, state)
+    roles = {}
+    for role, spec in request["roles"].items():
+        unit = spec["unit"]
+        roles[role] = {
+            "unit_text": read_text(spec["unit_path"]), "env_text": read_text(spec["env_path"]),
+            "systemd": show(unit) if systemd_running() else {},
+            "stale": bool((facts.get(unit) or {}).get("stale")),
+            "facts": facts.get(unit),
+        }
+    return {
+        "root": os.geteuid() == 0, "systemd": systemd_running(),
+        "tree": None if target is None else {
+            "root": str(target.root), "layout": target.layout, "managed": state is not None,
+            "state_sha256": sha256(state_bytes(target)),
+            "applied": (state or {}).get("applied", []), "updated": (state or {}).get("updated"),
+        },
+        "roles": roles,
+        "interrupted": ({k: v for k, v in txn.items() if k in ("pid", "since")}
+                        if (txn := engine.read_json(txn_file())) else None),
+    }
+
+
+def systemd_running() -> bool:
+    return Path("/run/systemd/system").is_dir()
+
+
+# ---------------------------------------------------------------- deploy
+
+class Failure(Exception):
+    def __init__(self, role: str, unit: str, reason: str) -> None:
+        super().__init__(reason)
+        self.role, self.unit, self.reason = role, unit, reason
+
+
+def op_deploy(request: dict, events: Events) -> dict:
+    if os.geteuid() != 0:
+        raise EngineError("deploy needs root on the host (it writes /etc/systemd/system and "
+                          "runs systemctl): connect as root or allow passwordless sudo",
+                          "need_root")
+    if not systemd_running():
+        raise EngineError("systemd is not running on this host (no /run/systemd/system)",
+                          "usage")
+    wait = float(request.get("lock_wait", 0))
+    with flock(DEPLOY_LOCK, wait, "another patchset deploy"):
+        recovered = recover(events)
+        target = open_tree(request)
+        if target is None:
+            raise EngineError(f"no SGLang tree at {request['tree']}: run `patchset apply` "
+                              "first", "usage")
+        lock = target.lock(wait, "deploy") if target.meta.exists() else contextlib.nullcontext()
+        with lock:
+            return dict(_deploy_locked(request, target, events), recovered=recovered)
+
+
+def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> dict:
+    if sha256(state_bytes(target)) != request["state_sha256"]:
+        raise EngineError(f"the tree at {target.root} changed since the units were rendered "
+                          "(an apply or revert ran in between); run deploy again", "changed")
+    roles = request["roles"]                 # in restart order
+    old = {r: (read_text(s["unit_path"]), read_text(s["env_path"])) for r, s in roles.items()}
+    changed = [r for r, s in roles.items() if old[r] != (s["unit_text"], s["env_text"])]
+    verify(roles, events)
+    before = {r: show(s["unit"]) for r, s in roles.items()}
+    restart = restart_reasons(roles, changed, before, units_by_name(target, target.state()))
+    actions: dict[str, list[str]] = {r: [] for r in roles}
+    begin(roles, old, before)
+    try:
+        install(roles, changed, old, actions, events)
+        for role, spec in roles.items():
+            if role in restart:
+                events("restart", role=role, unit=spec["unit"], reason=restart[role])
+                actions[role].append("restarted")
+                try:
+                    systemctl("restart", "--", spec["unit"])
+                except EngineError as exc:
+                    raise Failure(role, spec["unit"], str(exc)) from None
+                wait_healthy(role, spec, events, "deploy")
+    except (Failure, EngineError, OSError) as exc:
+        failure = exc if isinstance(exc, Failure) else Failure("", "", str(exc))
+        lines = journal(failure.unit) if failure.unit else []
+        status = show(failure.unit) if failure.unit else {}
+        touched = [r for r in roles if actions[r]]
+        restarted = [r for r in roles if "restarted" in actions[r]]
+        rollback = roll_back(roles, old, touched, restarted, before, events)
+        finish()
+        return {"ok": True, "deployed": False, "changed": bool(touched),
+                "failed": {"role": failure.role, "unit": failure.unit, "reason": failure.reason,
+                           "journal": lines, "result": status.get("Result"),
+                           "exit_status": status.get("ExecMainStatus")},
+                "rollback": rollback, "actions": actions, "restart_reasons": restart}
+    finish()
+    record(request, actions)
+    return {"ok": True, "deployed": True, "changed": any(actions.values()), "actions": actions,
+            "restart_reasons": restart, "failed": None, "rollback": None}
+
+
+def restart_reasons(roles: dict, changed: list[str], before: dict,
+                    facts: dict[str, dict]) -> dict[str, str]:
+    """Which roles to restart, and why: new files, not running, or stale."""
+    out = {}
+    for role, spec in roles.items():
+        if role in changed:
+            out[role] = "unit or env file changed"
+        elif before[role].get("ActiveState") != "active":
+            out[role] = "not running"
+        elif (facts.get(spec["unit"]) or {}).get("stale"):
+            out[role] = "stale: started before the tree changed"
+    return out
+
+
+def install(roles: dict, changed: list[str], old: dict, actions: dict, events: Events) -> None:
+    """Write the changed files (env first), daemon-reload, enable."""
+    for role in changed:                       # only what differs: an unchanged unit file
+        spec = roles[role]                     # keeps its mtime (no daemon-reload pending)
+        if old[role][1] != spec["env_text"]:
+            write_file(spec["env_path"], spec["env_text"], 0o600)
+        if old[role][0] != spec["unit_text"]:
+            write_file(spec["unit_path"], spec["unit_text"], 0o644)
+        actions[role].append("installed")
+    if any(old[r][0] != roles[r]["unit_text"] for r in changed):
+        systemctl("daemon-reload")
+        events("step", message="daemon-reload")
+    for role, spec in roles.items():
+        if show(spec["unit"]).get("UnitFileState") != "enabled":
+            systemctl("enable", "--quiet", "--", spec["unit"])
+            actions[role].append("enabled")
+
+
+# The transaction record: what to put back if this runner dies half way (SIGKILL, OOM,
+# reboot). The next deploy finds it and rolls back before anything else.
+
+def txn_file() -> Path:
+    return Path(RECORD_DIR) / "txn.json"
+
+
+def begin(roles: dict, old: dict, before: dict) -> None:
+    Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
+    keep = ("unit", "unit_path", "env_path", "health_url", "health_timeout")
+    engine.write_json(txn_file(), {"pid": os.getpid(), "since": engine._now(), "roles": {
+        r: {**{k: s[k] for k in keep}, "old_unit": old[r][0], "old_env": old[r][1],
+            "before": {k: before[r].get(k) for k in ("ActiveState", "UnitFileState")}}
+        for r, s in roles.items()}})
+
+
+def finish() -> None:
+    remove_file(str(txn_file()))
+
+
+def recover(events: Events) -> list[dict] | None:
+    """Roll back a deploy whose runner died: restore its files, restore its units."""
+    txn = engine.read_json(txn_file())
+    if not txn:
+        return None
+    roles = txn["roles"]
+    old = {r: (x["old_unit"], x["old_env"]) for r, x in roles.items()}
+    touched = [r for r, x in roles.items()
+               if (read_text(x["unit_path"]), read_text(x["env_path"])) != old[r]
+               or show(x["unit"]).get("ActiveState") != x["before"].get("ActiveState")]
+    events("step", message=f"rolling back an interrupted deploy (pid {txn.get('pid')}, "
+                           f"since {txn.get('since')})")
+    out = roll_back(roles, old, touched, touched, {r: x["before"] for r, x in roles.items()},
+                    events)
+    finish()
+    return out
+
+
+def verify(roles: dict, events: Events) -> None:
+    """systemd-analyze verify the new units; it exits 0 on warnings, so any output fails."""
+    stage = Path(tempfile.mkdtemp(prefix="patchset-verify-", dir="/run"))
+    try:
+        paths = []
+        for spec in roles.values():
+            path = stage / spec["unit"]
+            path.write_text(spec["unit_text"], encoding="utf-8")
+            paths.append(str(path))
+        args = ["systemd-analyze", "verify", "--man=no", "--recursive-errors=no", *paths]
+        proc = run(args)
+        if "recursive-errors" in proc.stderr and proc.returncode != 0:
+            proc = run([a for a in args if not a.startswith("--recursive-errors")])
+        output = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0 or output:
+            text = output.replace(str(stage) + "/", "") or f"exit status {proc.returncode}"
+            raise EngineError(f"systemd-analyze verify refused the units (nothing was "
+                              f"installed): {text.splitlines()[0]}", "verify", details=text)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    events("step", message=f"systemd-analyze verify: {len(roles)} unit(s) clean")
+
+def wait_healthy(role: str, spec: dict, events: Events, phase: str) -> float:
+    """Poll /health until 200; fail fast when the unit stops or restarts; then timeout."""
+    unit, url, timeout = spec["unit"], spec["health_url"], float(spec["health_timeout"])
+    start = time.monotonic()
+    first = show(unit)
+    pid0, restarts0 = first.get("MainPID"), int(first.get("NRestarts") or 0)
+    seen = "not polled yet"
+    events("wait", role=role, unit=unit, phase=phase, url=url, elapsed=0.0, timeout=timeout,
+           detail="starting")
+    while True:
+        elapsed = time.monotonic() - start
+        ok, seen = probe(url, max(0.5, min(5.0, timeout - elapsed)))
+        elapsed = time.monotonic() - start
+        if ok:
+            events("healthy", role=role, unit=unit, phase=phase, elapsed=round(elapsed, 2),
+                   timeout=timeout)
+            return elapsed
+        st = show(unit)
+        state = st.get("ActiveState")
+        if (state in ("failed", "inactive", "deactivating") or st.get("SubState") == "auto-restart"
+                or int(st.get("NRestarts") or 0) > restarts0
+                or (st.get("MainPID") not in (pid0, "0") and pid0 != "0")):
+            code = st.get("ExecMainStatus")
+            raise Failure(role, unit, f"{unit} stopped while starting ({state}/"
+                          f"{st.get('SubState')}, result {st.get('Result')}, exit status "
+                          f"{code}) after {elapsed:.0f}s")
+        if elapsed >= timeout:
+            raise Failure(role, unit, f"{unit} did not report healthy at {url} within "
+                          f"{timeout:.0f}s (last: {seen})")
+        events("wait", role=role, unit=unit, phase=phase, url=url, elapsed=round(elapsed, 2),
+               timeout=timeout, detail=seen)
+        pause = POLL_FAST_S if elapsed < FAST_FOR_S else POLL_S
+        time.sleep(min(pause, max(0.0, timeout - elapsed)))
+
+def roll_back(roles: dict, old: dict, touched: list[str], restarted: list[str],
+              before: dict, events: Events) -> list[dict]:
+    """Put the previous files of the `touched` roles back; a new unit is disabled and
+    stopped; of the `restarted` ones, a stopped unit is stopped again and a running one
+    restarted with its previous files and waited for; enabling is undone."""
+    out = []
+    for role in touched:                       # new units go before their files do
+        if old[role][0] is None:
+            run(["systemctl", "disable", "--now", "--quiet", "--", roles[role]["unit"]])
+            run(["systemctl", "reset-failed", "--", roles[role]["unit"]])
+    for role in touched:
+        spec = roles[role]
+        for path, text, mode in ((spec["unit_path"], old[role][0], 0o644),
+                                 (spec["env_path"], old[role][1], 0o600)):
+            if text is None:
+                remove_file(path)
+            elif read_text(path) != text:
+                write_file(path, text, mode)
+    if touched:
+        run(["systemctl", "daemon-reload"])
+        events("step", message="rollback: previous unit files restored, daemon-reload")
+    for role in touched:
+        spec, was = roles[role], before[role]
+        unit = spec["unit"]
+        entry = {"role": role, "unit": unit, "healthy": None}
+        if old[role][0] is None:
+            entry["action"] = "removed (it was new)"
+        elif role not in restarted:
+            entry["action"] = "previous files restored (it was not restarted)"
+        elif was.get("ActiveState") != "active":
+            run(["systemctl", "stop", "--", unit])
+            entry["action"] = f"stopped (it was {was.get('ActiveState')})"
+        else:
+            events("restart", role=role, unit=unit, reason="rollback")
+            proc = run(["systemctl", "restart", "--", unit])
+            entry["action"] = "restarted with the previous files"
+            if proc.returncode != 0:
+                entry.update(healthy=False, error=(proc.stderr or proc.stdout).strip())
+            else:
+                try:
+                    wait_healthy(role, previous_spec(spec, old[role][0]), events, "rollback")
+                    entry["healthy"] = True
+                except Failure as exc:
+                    entry.update(healthy=False, error=exc.reason)
+        if old[role][0] is not None and was.get("UnitFileState") != "enabled":
+            run(["systemctl", "disable", "--quiet", "--", unit])
+        out.append(entry)
+    return out
+
+
+def previous_spec(spec: dict, unit_text: str | None) -> dict:
+    """Health URL of the previous unit (it may have had another port)."""
+    for line in (unit_text or "").splitlines():
+        if line.startswith("X-Patchset-Health="):
+            return dict(spec, health_url=line.split("=", 1)[1].strip())
+    return spec
+
+
+def record(request: dict, actions: dict) -> None:
+    with contextlib.suppress(OSError):
+        Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
+        engine.write_json(Path(RECORD_DIR) / "last.json",
+                          {"time": engine._now(), "tree": request["tree"], "actions": actions,
+                           "tool_version": request.get("tool_version")})
+
+
+# ---------------------------------------------------------------- entry points
+
+def execute(request: dict, events: Events | None = None) -> dict:
+    events = events or Events()
+    try:
+        if request["op"] == "facts":
+            return {"ok": True, **op_facts(request)}
+        if request["op"] == "deploy":
+            return op_deploy(request, events)
+        raise EngineError(f"unknown op {request['op']!r}", "usage")
+    except EngineError as exc:
+        return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
+                                       "details": exc.details}}
+
+
+def main(argv: list[str]) -> int:
+    """`python3 unit_engine.py BUNDLE_DIR`: JSON-line events, then {"result": ...}."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
+    request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
+    events = Events()
+    events.line({"result": execute(request, events)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,601 @@
+"""The systemd units of one host: settings schema, systemd escaping, rendering.
+
+Three roles, one unit and one env file each:
+
+    sglang-prefill.service  /etc/sglang/prefill.env   python -m sglang.launch_server ...
+    sglang-decode.service   /etc/sglang/decode.env      --disaggregation-mode prefill|decode
+    sglang-router.service   /etc/sglang/router.env    python -m sglang_router.launch_router
+
+Settings come from hosts.yaml (`serving:` for the whole host, `roles.ROLE:` per role,
+the role wins), the patch gates from the state on the host (passed in as data). Every
+value that reaches a unit or env file is checked here twice: at inventory load (so a bad
+value is a `file:line: field` error before any host is contacted) and again at render
+time (gates and patch names come from the host). Unit-file values refuse newlines,
+control characters, quotes and backslashes, and get `%` and `$` escaped for systemd;
+env-file values may hold anything but newlines and control characters and are quoted
+for systemd's EnvironmentFile= parser.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from patchset.errors import PatchsetError, UsageError
+
+ROLES = ("prefill", "decode", "router")
+SERVER_ROLES = ("prefill", "decode")
+UNIT_DIR = "/etc/systemd/system"
+ENV_DIR = "/etc/sglang"
+TEMPLATE_DIRS = (Path(__file__).resolve().parent.parent / "systemd",   # a checkout
+                 Path(sys.prefix) / "share" / "patchset" / "systemd")     # an install
+
+MIN_TIMEOUT_START = 1800      # model load of a large checkpoint
+MIN_NOFILE = 65535            # SGLang's set_ulimit() raises the soft limit to this
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_TRANSFER_BACKEND = "mooncake"
+
+# A value that is safe in a unit file without quoting (after % and $ escaping).
+_UNIT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\"'\\]")
+_ENV_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")   # tab is allowed
+_ENV_PLAIN = re.compile(r"^[A-Za-z0-9_./:,=+@%-]*$")
+_WORD_PLAIN = re.compile(r"^[A-Za-z0-9_./:,=+@%-]+$")
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PATCH_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+GPUS = re.compile(r"^[0-9]{1,3}(?:,[0-9]{1,3})*$")
+BIND = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]+)$")
+MODEL = re.compile(r"^[A-Za-z0-9_./+@:-]+$")
+TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+URL = re.compile(r"^https?://(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?/?$")
+ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
+
+# Env variables deploy owns: set them with the role settings, never in `env`.
+MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONPATH", "PATCHSET_PATCHES",
+               "PATCHSET_TREE")
+# Server flags deploy renders itself; extra_args may not repeat them.
+MANAGED_FLAGS = {
+    "prefill": ("--model-path", "--disaggregation-mode", "--host", "--port", "--tp-size",
+                "--tp", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
+                "--disaggregation-ib-device"),
+    "router": ("--pd-disaggregation", "--prefill", "--decode", "--host", "--port"),
+}
+MANAGED_FLAGS["decode"] = MANAGED_FLAGS["prefill"]
+
+
+class SettingError(ValueError):
+    """A bad setting; `path` is the key path below the mapping that was checked."""
+
+    def __init__(self, path: tuple, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+# ---------------------------------------------------------------- systemd escaping
+
+def unit_value(value: str, what: str = "value") -> str:
+    """A value for a unit-file setting: refused if unsafe, `%`/`$` escaped."""
+    if not isinstance(value, str):
+        raise SettingError((), f"{what} must be a string")
+    bad = _UNIT_FORBIDDEN.search(value)
+    if bad:
+        raise SettingError((), f"{what} {value!r} contains {_describe(bad.group())}: unit "
+                           "files take no quotes, backslashes, newlines or control characters")
+    return value.replace("%", "%%").replace("$", "$$")
+
+
+def exec_word(value: str, what: str = "argument") -> str:
+    """One ExecStart= word: escaped, double-quoted when it holds whitespace."""
+    if value == "" or value.strip() in (";", ""):
+        raise SettingError((), f"{what} {value!r} is empty or a command separator")
+    escaped = unit_value(value, what)
+    return escaped if _WORD_PLAIN.match(value) else f'"{escaped}"'
+
+
+def exec_line(argv: list[str]) -> str:
+    return " ".join(exec_word(word) for word in argv)
+
+
+def env_value(value: str, what: str = "value") -> str:
+    """A value for systemd's EnvironmentFile= parser (quoted when not plain)."""
+    if not isinstance(value, str):
+        raise SettingError((), f"{what} must be a string")
+    bad = _ENV_FORBIDDEN.search(value)
+    if bad:
+        raise SettingError((), f"{what} {value!r} contains {_describe(bad.group())}: env "
+                           "values take no newlines or control characters")
+    if _ENV_PLAIN.match(value):
+        return value
+    return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """What systemd's EnvironmentFile= parser makes of `text` (the subset we write:
+    KEY=plain, KEY="double-quoted with \\ escapes", KEY='single', # comments)."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, _, rest = line.partition("=")
+        key, rest = key.strip(), rest.strip()
+        if rest.startswith('"'):
+            value, i = [], 1
+            while i < len(rest) and rest[i] != '"':
+                if rest[i] == "\\" and i + 1 < len(rest):
+                    nxt = rest[i + 1]
+                    value.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+                    i += 2
+                    continue
+                value.append(rest[i])
+                i += 1
+            out[key] = "".join(value)
+        elif rest.startswith("'"):
+            out[key] = rest[1:rest.index("'", 1)]
+        else:
+            out[key] = re.sub(r"\\(.)", r"\1", rest)
+    return out
+
+
+def _describe(char: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte", '"': "a quote",
+             "'": "a quote", "\\": "a backslash"}
+    return names.get(char, f"control character {char!r}")
+
+
+# ---------------------------------------------------------------- the settings schema
+
+def _pattern(regex: re.Pattern, what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not isinstance(value, str) or not regex.match(value):
+            raise SettingError((), f"{value!r} is not {what}")
+        return value
+    return check
+
+
+def _integer(low: int, high: int | None = None, what: str = "",
+             infinity: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if infinity and value == "infinity":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+                high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise SettingError((), f"{value!r} is not {what or 'an integer'} ({bound}"
+                               f"{' or infinity' if infinity else ''})")
+        return value
+    return check
+
+
+def _port(value: Any) -> int:
+    return _integer(1, 65535, "a TCP port")(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SettingError((), f"{value!r} is not true or false")
+    return value
+
+
+def _args(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise SettingError((), "must be a list of arguments, one item per word "
+                           "(e.g. [--mem-fraction-static, \"0.85\"])")
+    out = []
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise SettingError((index,), f"{item!r} must be a string")
+        try:
+            exec_word(str(item), "argument")
+        except SettingError as exc:
+            raise SettingError((index,), str(exc)) from None
+        out.append(str(item))
+    return out
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise SettingError((), "must be a mapping NAME: value")
+    out = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise SettingError((name,), f"{name!r} is not an environment variable name")
+        if name in MANAGED_ENV:
+            raise SettingError((name,), f"{name} is set by deploy (use gpus / tree / the "
+                               "applied series instead)")
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise SettingError((name,), f"{item!r} must be a string (quote it in YAML)")
+        try:
+            env_value(str(item), name)
+        except SettingError as exc:
+            raise SettingError((name,), str(exc)) from None
+        out[name] = str(item)
+    return out
+
+
+def _urls(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise SettingError((), "must be a non-empty list of URLs (or {url, bootstrap_port})")
+    out = []
+    for index, item in enumerate(value):
+        entry = item if isinstance(item, dict) else {"url": item}
+        unknown = set(entry) - {"url", "bootstrap_port"}
+        if unknown:
+            raise SettingError((index, min(unknown)), "unknown key (allowed: url, "
+                               "bootstrap_port)")
+        if not isinstance(entry.get("url"), str) or not URL.match(entry["url"]):
+            raise SettingError((index,), f"{entry.get('url')!r} is not an http(s)://host:port "
+                               "URL")
+        if "bootstrap_port" in entry:
+            try:
+                _port(entry["bootstrap_port"])
+            except SettingError as exc:
+                raise SettingError((index, "bootstrap_port"), str(exc)) from None
+        out.append(dict(entry))
+    return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    check: Callable[[Any], Any]
+    roles: tuple[str, ...]        # where it may appear under roles.ROLE
+    shared: bool                  # may appear under the host's `serving:`
+    help: str
+
+
+S, A = SERVER_ROLES, ROLES
+SCHEMA: dict[str, Setting] = {
+    "gpus": Setting(_pattern(GPUS, "a GPU list like \"0,1,2,3\""), S, False,
+                    "CUDA_VISIBLE_DEVICES (with CUDA_DEVICE_ORDER=PCI_BUS_ID)"),
+    "port": Setting(_port, A, False, "--port (and the /health URL)"),
+    "host": Setting(_pattern(BIND, "a bind address"), A, True,
+                    "--host [127.0.0.1; router 0.0.0.0]"),
+    "tp": Setting(_integer(1, 4096, "a TP size"), S, True, "--tp-size [number of gpus]"),
+    "bootstrap_port": Setting(_port, ("prefill",), False,
+                              f"--disaggregation-bootstrap-port [{DEFAULT_BOOTSTRAP_PORT}]"),
+    "model_path": Setting(_pattern(MODEL, "a model path or hub id (no spaces or quotes)"),
+                          S, True, "--model-path (required)"),
+    "transfer_backend": Setting(_pattern(TOKEN, "a transfer backend name"), S, True,
+                                f"--disaggregation-transfer-backend "
+                                f"[{DEFAULT_TRANSFER_BACKEND}]"),
+    "ib_device": Setting(_pattern(TOKEN, "an IB device name"), S, True,
+                         "--disaggregation-ib-device"),
+    "extra_args": Setting(_args, A, False, "more arguments, one list item per word"),
+    "env": Setting(_env, A, True, "more environment (serving env, then role env)"),
+    "user": Setting(_pattern(USER, "a user name"), A, True, "User= [root]"),
+    "group": Setting(_pattern(USER, "a group name"), A, True, "Group="),
+    "timeout_start_sec": Setting(_integer(MIN_TIMEOUT_START, None, "a timeout in seconds"),
+                                 A, True, f"TimeoutStartSec= [{MIN_TIMEOUT_START}]"),
+    "timeout_stop_sec": Setting(_integer(1, None, "a timeout in seconds"), A, True,
+                                "TimeoutStopSec= [120]"),
+    "restart_sec": Setting(_integer(0, None, "seconds"), A, True, "RestartSec= [30]"),
+    "limit_nofile": Setting(_integer(MIN_NOFILE, None, "a file limit", infinity=True), A,
+                            True, "LimitNOFILE= [1048576]"),
+    "limit_memlock": Setting(_integer(0, None, "a byte limit", infinity=True), A, True,
+                             "LimitMEMLOCK= [infinity] (RDMA registration)"),
+    "health_timeout": Setting(_integer(1, None, "seconds"), A, True,
+                              "how long deploy waits for /health [TimeoutStartSec]"),
+    "pythonpath": Setting(_boolean, S, True, "PYTHONPATH= the tree, so the unit imports the "
+                          "managed tree whatever the venv has installed [true]"),
+    "prefill": Setting(_urls, ("router",), False, "prefill URLs [this host's prefill]"),
+    "decode": Setting(_urls, ("router",), False, "decode URLs [this host's decode]"),
+}
+
+
+def check_settings(role: str | None, settings: Any) -> dict[str, Any]:
+    """Validate `roles.ROLE` (role) or `serving` (role None); raise SettingError(path)."""
+    if not isinstance(settings, dict):
+        raise SettingError((), "must be a mapping of unit settings")
+    out = {}
+    for key, value in settings.items():
+        spec = SCHEMA.get(key)
+        allowed = spec is not None and (role in spec.roles if role else spec.shared)
+        if not allowed:
+            names = [k for k, s in SCHEMA.items() if (role in s.roles if role else s.shared)]
+            raise SettingError((key,), f"unknown key (allowed: {', '.join(names)})")
+        try:
+            out[key] = spec.check(value)
+        except SettingError as exc:
+            raise SettingError((key, *exc.path), str(exc)) from None
+    return out
+
+
+# ---------------------------------------------------------------- resolved per-role config
+
+@dataclass(frozen=True)
+class RoleUnit:
+    """Everything one role's unit and env file are rendered from."""
+
+    role: str
+    unit: str                       # sglang-ROLE.service
+    unit_path: str
+    env_path: str
+    argv: list[str]
+    env: dict[str, str]             # env file contents, in order
+    gates: dict[str, str]           # the subset of env that are patch gates
+    gate_sources: dict[str, list[str]]
+    overridden_gates: dict[str, tuple[str, str]]   # name -> (gate value, inventory value)
+    health_url: str
+    health_timeout: int
+    settings: dict[str, Any]
+    tree: str | None                # None for the router (it does not import the tree)
+    patches: str                    # PATCHSET_PATCHES: the applied patches this role runs
+    notes: list[str] = field(default_factory=list)
+
+
+def unit_name(role: str) -> str:
+    return f"sglang-{role}.service"
+
+
+def role_settings(host: Any, role: str) -> dict[str, Any]:
+    """serving (shared) + roles.ROLE, validated; env merged, the role's wins."""
+    where = f"{host.name}: hosts.{host.name}"
+    try:
+        shared = check_settings(None, getattr(host, "serving", None) or {})
+    except SettingError as exc:
+        raise UsageError(f"{where}.serving.{'.'.join(map(str, exc.path))}: {exc}") from None
+    if role not in host.roles:
+        raise UsageError(f"{host.name}: no role {role!r} in hosts.yaml (hosts.{host.name}.roles "
+                         f"has: {', '.join(host.roles) or 'none'})")
+    try:
+        own = check_settings(role, host.roles[role] or {})
+    except SettingError as exc:
+        raise UsageError(f"{where}.roles.{role}.{'.'.join(map(str, exc.path))}: {exc}") from None
+    merged = {k: v for k, v in shared.items()
+              if not (role == "router" and k in ("model_path", "transfer_backend", "ib_device",
+                                                 "tp", "pythonpath"))}
+    merged.update(own)
+    merged["env"] = {**shared.get("env", {}), **own.get("env", {})}
+    return merged
+
+
+def _require(host: Any, role: str, settings: dict, key: str) -> Any:
+    if key not in settings:
+        shared = f" or hosts.{host.name}.serving" if SCHEMA[key].shared else ""
+        raise UsageError(f"{host.name}: hosts.{host.name}.roles.{role}.{key} is required to "
+                         f"deploy (set it there{shared})")
+    return settings[key]
+
+
+def _connect_host(bind: str) -> str:
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "127.0.0.1", "localhost") else bind
+
+
+def role_patches(applied: list[dict], role: str) -> list[dict]:
+    """The applied patches whose code runs in `role` (path role or both), in order."""
+    return [a for a in applied if a.get("path") in (role, "both")]
+
+
+def patches_value(applied: list[dict], role: str) -> str:
+    """PATCHSET_PATCHES: `name:sha12 ...` of the patches this role runs (stale detection)."""
+    words = []
+    for a in role_patches(applied, role):
+        name, sha = str(a.get("name")), str(a.get("sha256") or "")
+        if not PATCH_NAME.match(name) or not re.match(r"^[0-9a-f]{12,64}$", sha):
+            raise UsageError(f"the host's state lists a patch {name!r} with sha256 {sha!r}: "
+                             "not a valid patch record (is the state damaged?)")
+        words.append(f"{name}:{sha[:12]}")
+    return " ".join(words)
+
+
+def role_gates(applied: list[dict], role: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Gate env of the applied patches that run in `role`; conflicting gates refused."""
+    gates: dict[str, str] = {}
+    sources: dict[str, list[str]] = {}
+    for a in role_patches(applied, role):
+        gate = a.get("gate")
+        if not gate:
+            continue
+        name, on = gate.get("env"), gate.get("on")
+        if not isinstance(name, str) or not ENV_NAME.match(name) or name in MANAGED_ENV:
+            raise UsageError(f"patch {a.get('name')}: gate variable {name!r} is not usable")
+        try:
+            env_value(str(on), f"patch {a.get('name')} gate value")
+        except SettingError as exc:
+            raise UsageError(str(exc)) from None
+        if name in gates and gates[name] != str(on):
+            raise UsageError(f"patches {', '.join(sources[name])} and {a.get('name')} gate on "
+                             f"{name} with different values ({gates[name]!r}, {str(on)!r})")
+        gates[name] = str(on)
+        sources.setdefault(name, []).append(str(a.get("name")))
+    return gates, sources
+
+
+def import_root(tree: str, layout: str | None, git_prefix: str = "python/") -> str:
+    """The directory that holds `sglang/` in the tree (what PYTHONPATH must name)."""
+    if layout == "wheel":
+        return tree
+    return tree.rstrip("/") + "/" + git_prefix.strip("/")
+
+
+def resolve(host: Any, roles: list[str], tree: str, state: dict | None,
+            layout: str | None, git_prefix: str = "python/") -> dict[str, RoleUnit]:
+    """The units of `roles` on `host`, from the inventory and the host's state."""
+    applied = (state or {}).get("applied", [])
+    python = getattr(host, "python", None) or "python3"
+    if not ABS_PATH.match(python):
+        raise UsageError(f"{host.name}: hosts.{host.name}.python must be an absolute path to "
+                         f"deploy units (got {python!r})")
+    out = {}
+    for role in roles:
+        settings = role_settings(host, role)
+        if role == "router":
+            out[role] = _router(host, settings, python)
+        else:
+            out[role] = _server(host, role, settings, python, tree, applied, layout, git_prefix)
+    return out
+
+
+def _common(settings: dict) -> int:
+    return settings.get("health_timeout") or settings.get("timeout_start_sec",
+                                                          MIN_TIMEOUT_START)
+
+
+def _server(host: Any, role: str, settings: dict, python: str, tree: str, applied: list,
+            layout: str | None, git_prefix: str) -> RoleUnit:
+    model = _require(host, role, settings, "model_path")
+    gpus = _require(host, role, settings, "gpus")
+    port = _require(host, role, settings, "port")
+    bind = settings.get("host", "127.0.0.1")
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model,
+            "--disaggregation-mode", role, "--host", bind, "--port", str(port),
+            "--tp-size", str(settings.get("tp", len(gpus.split(",")))),
+            "--disaggregation-transfer-backend",
+            settings.get("transfer_backend", DEFAULT_TRANSFER_BACKEND)]
+    if role == "prefill":
+        argv += ["--disaggregation-bootstrap-port",
+                 str(settings.get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT))]
+    if settings.get("ib_device"):
+        argv += ["--disaggregation-ib-device", settings["ib_device"]]
+    argv += _extra(host, role, settings)
+    gates, sources = role_gates(applied, role)
+    own = settings["env"]
+    overridden = {k: (v, own[k]) for k, v in gates.items() if k in own and own[k] != v}
+    env = {"CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if settings.get("pythonpath", True):
+        env["PYTHONPATH"] = import_root(tree, layout, git_prefix)
+    env.update({"PATCHSET_TREE": tree, "PATCHSET_PATCHES": patches_value(applied, role)})
+    env.update({k: v for k, v in gates.items() if k not in own})
+    env.update(own)
+    notes = [f"gate {k} of {', '.join(sources[k])} is set to {inv!r} by hosts.yaml (the patch "
+             f"is applied but gated {'off' if inv != on else 'on'})"
+             for k, (on, inv) in overridden.items()]
+    return RoleUnit(role=role, unit=unit_name(role), unit_path=f"{UNIT_DIR}/{unit_name(role)}",
+                    env_path=f"{ENV_DIR}/{role}.env", argv=argv, env=env,
+                    gates={k: env[k] for k in gates}, gate_sources=sources,
+                    overridden_gates=overridden,
+                    health_url=f"http://{_url_host(_connect_host(bind))}:{port}/health",
+                    health_timeout=_common(settings), settings=settings, tree=tree,
+                    patches=env["PATCHSET_PATCHES"], notes=notes)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _extra(host: Any, role: str, settings: dict) -> list[str]:
+    extra = settings.get("extra_args", [])
+    for word in extra:
+        if word.split("=", 1)[0] in MANAGED_FLAGS[role]:
+            raise UsageError(f"{host.name}: hosts.{host.name}.roles.{role}.extra_args: "
+                             f"{word.split('=', 1)[0]} is rendered by deploy; set it with the "
+                             "role's own setting instead")
+    return list(extra)
+
+
+def _router(host: Any, settings: dict, python: str) -> RoleUnit:
+    port = _require(host, "router", settings, "port")
+    bind = settings.get("host", "0.0.0.0")
+    prefill = settings.get("prefill") or _local_worker(host, "prefill")
+    decode = settings.get("decode") or _local_worker(host, "decode")
+    argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    for entry in prefill:
+        argv += ["--prefill", entry["url"]]
+        if entry.get("bootstrap_port"):
+            argv.append(str(entry["bootstrap_port"]))
+    for entry in decode:
+        argv += ["--decode", entry["url"]]
+    argv += ["--host", bind, "--port", str(port)] + _extra(host, "router", settings)
+    return RoleUnit(role="router", unit=unit_name("router"),
+                    unit_path=f"{UNIT_DIR}/{unit_name('router')}",
+                    env_path=f"{ENV_DIR}/router.env", argv=argv, env=dict(settings["env"]),
+                    gates={}, gate_sources={}, overridden_gates={},
+                    health_url=f"http://{_url_host(_connect_host(bind))}:{port}/health",
+                    health_timeout=_common(settings), settings=settings, tree=None, patches="")
+
+
+def _local_worker(host: Any, role: str) -> list[dict]:
+    if role not in host.roles:
+        raise UsageError(f"{host.name}: hosts.{host.name}.roles.router.{role} is required to "
+                         f"deploy (this host has no {role} role to default to)")
+    settings = role_settings(host, role)
+    port = _require(host, role, settings, "port")
+    url = f"http://{_url_host(_connect_host(settings.get('host', '127.0.0.1')))}:{port}"
+    entry = {"url": url}
+    if role == "prefill":
+        entry["bootstrap_port"] = settings.get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT)
+    return [entry]
+
+
+# ---------------------------------------------------------------- rendering
+
+@dataclass(frozen=True)
+class Rendered:
+    role: str
+    unit: str
+    unit_path: str
+    unit_text: str
+    env_path: str
+    env_text: str
+
+
+def template_dir() -> Path:
+    """$PATCHSET_UNIT_TEMPLATES, else systemd/ of this checkout, else the installed copy."""
+    candidates = ([Path(os.environ["PATCHSET_UNIT_TEMPLATES"])]
+                  if os.environ.get("PATCHSET_UNIT_TEMPLATES") else list(TEMPLATE_DIRS))
+    for candidate in candidates:
+        if (candidate / "_unit.service.j2").is_file():
+            return candidate
+    raise PatchsetError(f"the unit templates are not installed (looked in "
+                        f"{', '.join(map(str, candidates))}); set PATCHSET_UNIT_TEMPLATES to "
+                        "the systemd/ directory of a patchset checkout")
+
+
+def _environment(directory: Path | None = None):
+    import jinja2
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory or template_dir())),
+        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True)
+    env.filters["execline"] = _filter(exec_line)
+    env.filters["unitvalue"] = _filter(lambda v: unit_value(str(v)))
+    env.filters["envvalue"] = _filter(lambda v: env_value(str(v)))
+    return env
+
+
+def _filter(func: Callable[[Any], str]) -> Callable[[Any], str]:
+    def wrapped(value: Any) -> str:
+        try:
+            return func(value)
+        except SettingError as exc:
+            raise UsageError(f"cannot render a unit: {exc}") from None
+    return wrapped
+
+
+def render(host: Any, units: dict[str, RoleUnit], template_dir: Path | None = None,
+           source: str = "hosts.yaml") -> dict[str, Rendered]:
+    """Unit and env file text of each role, from the templates in systemd/."""
+    env = _environment(template_dir)
+    out = {}
+    for role, u in units.items():
+        s = u.settings
+        context = {
+            "host": host.name, "role": role, "unit": u.unit, "source": source,
+            "argv": u.argv, "env": u.env, "gates": u.gates, "gate_sources": u.gate_sources,
+            "env_path": u.env_path, "tree": u.tree, "user": s.get("user"),
+            "group": s.get("group"),
+            "timeout_start_sec": s.get("timeout_start_sec", MIN_TIMEOUT_START),
+            "timeout_stop_sec": s.get("timeout_stop_sec", 120),
+            "restart_sec": s.get("restart_sec", 30),
+            "limit_nofile": s.get("limit_nofile", 1048576),
+            "limit_memlock": s.get("limit_memlock", "infinity"),
+            "health_url": u.health_url,
+        }
+        unit_text = env.get_template(f"sglang-{role}.service.j2").render(context)
+        env_text = env.get_template(f"sglang-{role}.env.j2").render(context)
+        _check_rendered(u, unit_text, env_text)
+        out[role] = Rendered(role, u.unit, u.unit_path, unit_text, u.env_path, env_text)
+    return out
+
+
+def _check_rendered(u: RoleUnit, unit_text: str, env_text: str) -> None:
+    """Belt and braces: the env file must parse back to exactly the intended env."""
+    parsed = parse_env_file(env_text)
+    if parsed != u.env:
+        raise UsageError(f"{u.unit}: the rendered env file does not round-trip (template "
+                         f"bug?): {sorted(set(parsed.items()) ^ set(u.env.items()))[:3]}")

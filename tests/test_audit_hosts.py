@@ -1,0 +1,356 @@
+"""`patchset audit` on a real nspawn host (real systemd, real sshd) running the SGLang
+stand-in under units that `patchset deploy` rendered, with the project's real series
+applied: each scenario asserts exact patch states and check results.
+
+The host gets a fake `nvidia-smi` (four sm_120 GPUs) and a checkpoint of config.json +
+a sparse safetensors shard (hyper-connection tensors F32, NVFP4 expert tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from audit_facts import synth
+
+from patchset.cli import main
+from tests.hosts.nspawn import TestHost, run_ssh
+from tests.standin.install import install_standin
+
+TREE, VENV = "/opt/sglang", "/opt/venv"
+MODEL = "/models/DeepSeek-V4-Flash-NVFP4"
+P, D = "sglang-prefill.service", "sglang-decode.service"
+SECRET, TOKEN = "sk-audit-host-0123456789abcdef", "hf_AuditHostTokenABCDEFGH"
+FAKE_SMI = """#!/bin/sh
+# test double: four sm_120 GPUs, as `nvidia-smi --query-gpu=... --format=csv,noheader`
+for i in 0 1 2 3; do
+  echo "$i, GPU-0000000$i-aaaa-bbbb-cccc-000000000000, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 580.95.05"
+done
+"""
+
+
+def free_ports(n: int) -> list[int]:
+    out, socks = [], []
+    try:
+        while len(out) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            port = s.getsockname()[1]
+            if not 30000 <= port < 30100:
+                out.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    return out
+
+
+def on_host(host: TestHost, command: str) -> str:
+    proc = run_ssh(host, command)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_series(dest: Path, **changes: dict) -> Path:
+    """A copy of the project's series, with some patches' fields changed."""
+    root = Path(__file__).resolve().parent.parent
+    series = synth.real_series(dest / "compose")
+    src = Path(series.manifest)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src.parent / "patches", dest / "patches", dirs_exist_ok=True)
+    doc = yaml.safe_load(src.read_text())
+    for entry in doc["series"]:
+        entry.update(changes.get(entry["name"], {}))
+    (dest / "patches.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert root
+    return dest / "patches.yaml"
+
+
+def checkpoint(host: TestHost) -> None:
+    root = host.live_root / MODEL.lstrip("/")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+        "num_hidden_layers": 43, "hc_mult": 4, "swiglu_limit": 10.0,
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}))
+    tensors = {f"layers.{i}.{n}": {"dtype": "F32", "shape": [24, 16384], "data_offsets": [0, 4]}
+               for i in (0, 42) for n in ("hc_attn_fn", "hc_ffn_fn")}
+    tensors.update({"layers.3.ffn.experts.0.w1.weight": {"dtype": "U8", "shape": [8, 8],
+                                                         "data_offsets": [0, 64]},
+                    "layers.3.ffn.experts.0.w1.weight_scale": {"dtype": "F8_E4M3",
+                                                               "shape": [8, 1],
+                                                               "data_offsets": [0, 8]},
+                    "layers.3.ffn.experts.0.w1.weight_scale_2": {"dtype": "F32", "shape": [],
+                                                                 "data_offsets": [0, 4]}})
+    header = json.dumps(tensors).encode()
+    shard = root / "model-00001-of-00001.safetensors"
+    with open(shard, "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header)
+        handle.truncate(20 * 2**30)                       # sparse: 20 GB on paper
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {name: shard.name for name in tensors}}))
+    smi = host.live_root / "usr/local/bin/nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def env(host_factory, tmp_path_factory, host_client_key) -> dict:
+    """One host for the module: the real series applied (all but the clamp patch), the
+    stand-in venv, the checkpoint, hosts.yaml; `deploy(...)` rewrites hosts.yaml and deploys."""
+    from tests.hosts.nspawn import write_known_hosts
+    [host] = host_factory.start(1, prefix="audit")
+    work = tmp_path_factory.mktemp("audit-hosts")
+    known = write_known_hosts([host], work / "known_hosts")
+    (work / "ssh_config").write_text("")
+    series = write_series(work / "series")
+    prefill, decode, bootstrap = free_ports(3)
+    yield {"host": host, "work": work, "known": known, "series": series,
+           "ports": {"prefill": prefill, "decode": decode, "bootstrap": bootstrap}}
+    host_factory.stop([host])
+
+
+@pytest.fixture()
+def audit_env(env, monkeypatch, capsys):
+    monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(env["known"]))
+    monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(env["work"] / "ssh_config"))
+    monkeypatch.setenv("PATCHSET_HOME", str(env["work"] / "home"))
+    monkeypatch.chdir(env["work"])
+    return env
+
+
+ARGS = ["--moe-runner-backend", "triton", "--attention-backend", "dsv4",
+        "--reasoning-parser", "deepseek-v4"]
+
+
+def inventory(env: dict, roles: dict | None = None, serving: dict | None = None,
+              args: list[str] | None = None) -> Path:
+    host: TestHost = env["host"]
+    ports = env["ports"]
+    extra = list(args or ARGS)
+    base = {"prefill": {"gpus": "0,1", "port": ports["prefill"],
+                        "bootstrap_port": ports["bootstrap"], "extra_args": extra,
+                        "env": {"TRITON_INDEXER": "0", "MMA_FLASHMLA": "0"}},
+            "decode": {"gpus": "2,3", "port": ports["decode"], "extra_args": extra}}
+    for role, settings in (roles or {}).items():
+        base[role] = None if settings is None else {**base[role], **settings}
+    spec = {"address": host.ip, "port": host.port, "user": "root",
+            "identity_file": str(host.client_key), "tree": TREE, "python": f"{VENV}/bin/python",
+            "serving": {"model_path": MODEL, "transfer_backend": "fake",
+                        "env": {"STANDIN_STARTUP_DELAY": "0.2", "SPT_NOENV": "1"},
+                        **(serving or {})},
+            "roles": {r: s for r, s in base.items() if s is not None}}
+    path = env["work"] / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "default": host.name,
+                                    "hosts": {host.name: spec}}, sort_keys=False))
+    return path
+
+
+def deploy(env: dict, capsys, **kw) -> None:
+    inventory(env, **kw)
+    code, _, err = cli(capsys, "deploy", env["host"].name, "--series", str(env["series"]))
+    assert code == 0, err
+
+
+def audit(env: dict, capsys, *extra: str, series: Path | None = None) -> tuple[int, dict]:
+    code, out, err = cli(capsys, "audit", env["host"].name, "--format", "json",
+                         "--series", str(series or env["series"]), *extra)
+    assert out, err
+    return code, json.loads(out)
+
+
+def states(data: dict) -> dict[tuple[str, str], str]:
+    return {(s["server"], s["patch"]): s["state"] for s in data["hosts"][0]["states"]}
+
+
+def reason(data: dict, server: str, patch: str) -> str:
+    return next(s["reason"] for s in data["hosts"][0]["states"]
+                if s["server"] == server and s["patch"] == patch)
+
+
+def finding(data: dict, check_id: str, subject: str = "") -> dict:
+    hits = [f for f in data["findings"] if f["id"] == check_id and f["subject"].startswith(subject)]
+    assert hits, f"no {check_id} on {subject!r}: " + ", ".join(
+        sorted({f["id"] for f in data["findings"]}))
+    return hits[0]
+
+
+def not_passing(data: dict) -> set[tuple[str, str]]:
+    return {(f["id"], f["status"]) for f in data["findings"]
+            if f["status"] != "pass" and f["severity"] != "info"}
+
+
+def test_prepare(audit_env, capsys) -> None:
+    host = audit_env["host"]
+    on_host(host, f"rm -rf {TREE}")
+    inventory(audit_env)
+    code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp", host.name,
+                       "--series", str(audit_env["series"]))
+    assert code == 0, err
+    install_standin(host, venv=VENV, tree=TREE)
+    checkpoint(host)
+    deploy(audit_env, capsys)
+
+
+def test_seed_layout_states_checks_and_suspects(audit_env, capsys) -> None:
+    code, data = audit(audit_env, capsys, "--symptom", "context-loss")
+    assert code == 1
+    assert {k: v for k, v in states(data).items()} == {
+        (P, "default-thinking-reasoning"): "active", (D, "default-thinking-reasoning"): "active",
+        (P, "nvfp4-cutlass-swiglu-clamp"): "not-applied",
+        (D, "nvfp4-cutlass-swiglu-clamp"): "not-applied",
+        (P, "triton-dsa-indexer"): "gated-off", (D, "triton-dsa-indexer"): "active",
+        (P, "indexer-bf16-gemm"): "active", (D, "indexer-bf16-gemm"): "inert",
+        (P, "mma-splitk-decode"): "gated-off", (D, "mma-splitk-decode"): "active",
+        (P, "mhc-bf16"): "active", (D, "mhc-bf16"): "active"}
+    assert reason(data, P, "mma-splitk-decode").startswith(f"gate MMA_FLASHMLA=0 in {P}")
+    assert not_passing(data) == {("hazard[nvfp4-cutlass-no-swiglu-clamp]", "fail"),
+                                 ("checkpoint-dtypes[narrowed]", "warn")}
+    narrowed = finding(data, "checkpoint-dtypes[narrowed]")
+    assert narrowed["found"] == "4 tensor(s) F32"
+    reads = data["hosts"][0]["facts"]["checkpoints"][MODEL]["header_reads"]
+    assert reads[0]["file_size"] == 20 * 2**30 and reads[0]["bytes_read"] == \
+        8 + reads[0]["header_len"]
+    assert finding(data, "imported-tree", P)["found"] == f"{TREE}/python/sglang"
+    suspects = [s["name"] for s in data["symptom"]["suspects"]]
+    assert suspects[:2] == ["mhc-bf16", "nvfp4-cutlass-no-swiglu-clamp"]
+    assert suspects[-2:] == ["mma-splitk-decode", "triton-dsa-indexer"]
+    assert data["symptom"]["next_steps"][0]["command"].startswith(
+        f"patchset revert mhc-bf16 --host {audit_env['host'].name} && ssh -p "
+        f"{audit_env['host'].port} root@{audit_env['host'].ip} 'systemctl restart ")
+
+
+def test_toggle_command_from_the_report_gates_the_patch_off(audit_env, capsys) -> None:
+    _, data = audit(audit_env, capsys, "--symptom", "decode-quality")
+    mma = next(s for s in data["symptom"]["suspects"] if s["name"] == "mma-splitk-decode")
+    toggle = mma["steps"][0]
+    assert toggle["kind"] == "toggle-gate"
+    argv = shlex.split(toggle["command"])
+    assert argv[:4] == ["ssh", "-p", str(audit_env["host"].port),
+                        f"root@{audit_env['host'].ip}"]
+    on_host(audit_env["host"], argv[4])                     # exactly what the report says
+    deadline = time.monotonic() + 30
+    while True:
+        _, data = audit(audit_env, capsys)
+        if finding(data, "server-health[health]", D)["status"] == "pass" or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert states(data)[(D, "mma-splitk-decode")] == "gated-off"
+    assert reason(data, D, "mma-splitk-decode").startswith(f"gate MMA_FLASHMLA unset in {D}")
+    assert finding(data, "gate-env", f"{D} MMA_FLASHMLA")["status"] == "pass"
+    deploy(audit_env, capsys)                               # deploy puts the gate back
+    assert states(audit(audit_env, capsys)[1])[(D, "mma-splitk-decode")] == "active"
+
+
+def test_backend_flashinfer_clears_the_hazard(audit_env, capsys) -> None:
+    deploy(audit_env, capsys, args=["--moe-runner-backend", "flashinfer_trtllm",
+                                    "--attention-backend", "dsv4",
+                                    "--reasoning-parser", "deepseek-v4"])
+    try:
+        _, data = audit(audit_env, capsys)
+        f = finding(data, "hazard[nvfp4-cutlass-no-swiglu-clamp]", P)
+        assert (f["status"], f["found"]) == ("pass", "server.moe_runner_backend=flashinfer_trtllm")
+        assert ("hazard[nvfp4-cutlass-no-swiglu-clamp]", "fail") not in not_passing(data)
+    finally:
+        deploy(audit_env, capsys)
+
+
+def test_decode_path_patch_in_a_prefill_unit_is_inert(audit_env, capsys) -> None:
+    series = write_series(audit_env["work"] / "series-decode-path",
+                          **{"mma-splitk-decode": {"path": "decode"}})
+    deploy(audit_env, capsys, roles={"prefill": {"env": {"MMA_FLASHMLA": "1",
+                                                         "TRITON_INDEXER": "0"}}})
+    try:
+        _, data = audit(audit_env, capsys, series=series)
+        assert states(data)[(P, "mma-splitk-decode")] == "inert"
+        assert reason(data, P, "mma-splitk-decode").startswith(
+            f"path decode: {P} serves prefill only (server.disaggregation_mode (server_info): "
+            "prefill)")
+        assert states(data)[(D, "mma-splitk-decode")] == "active"
+    finally:
+        deploy(audit_env, capsys)
+
+
+def test_stale_process_after_an_apply_without_restart(audit_env, capsys) -> None:
+    host = audit_env["host"]
+    time.sleep(1.1)                         # state.json's time has one-second resolution
+    code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp,mhc-bf16",
+                       host.name, "--series", str(audit_env["series"]))
+    assert code == 0, err
+    try:
+        _, data = audit(audit_env, capsys)
+        st = states(data)
+        assert st[(P, "mhc-bf16")] == "not-applied"
+        assert st[(P, "mma-splitk-decode")] == "unknown"
+        assert reason(data, P, "mma-splitk-decode").startswith(
+            f"{P} started with mhc-bf16 no longer applied (PATCHSET_PATCHES of pid ")
+        assert finding(data, "stale-process[apply]", P)["status"] == "fail"
+        assert finding(data, "stale-process[apply]", D)["status"] == "fail"
+    finally:
+        code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp",
+                           host.name, "--series", str(audit_env["series"]), "--restart")
+        assert code == 0, err
+    _, data = audit(audit_env, capsys)
+    stale = [(f["id"], f["subject"], f["message"]) for f in data["findings"]
+             if f["status"] != "pass" and f["id"] in ("stale-process[apply]",
+                                                      "stale-process[changed]")]
+    assert stale == []
+
+
+def test_hand_edit_and_foreign_commit(audit_env, capsys) -> None:
+    host = audit_env["host"]
+    series = synth.real_series(audit_env["work"] / "compose2")
+    path = series.by_name()["mhc-bf16"].files[0].path
+    on_host(host, f"echo '# hand edit' >> {TREE}/{path}")
+    try:
+        _, data = audit(audit_env, capsys)
+        assert states(data)[(P, "mhc-bf16")] == "drifted"
+        edit = finding(data, "tree-drift[hand-edit]")
+        assert edit["status"] == "fail" and edit["patches"] == ["mhc-bf16"]
+    finally:
+        on_host(host, f"git -C {TREE} checkout -- {path}")
+    on_host(host, f"cd {TREE} && echo x > LOCAL_NOTES && git add LOCAL_NOTES && "
+                  "git -c user.name=op -c user.email=op@x commit -qm 'local hack'")
+    try:
+        _, data = audit(audit_env, capsys)
+        f = finding(data, "foreign-commits[commit]")
+        assert f["status"] == "fail" and f["found"].endswith("local hack")
+        assert states(data)[(P, "mhc-bf16")] == "active"      # its files are intact
+    finally:
+        on_host(host, f"cd {TREE} && git reset -q --hard HEAD~1")
+
+
+def test_secrets_in_env_and_server_args_are_never_shown(audit_env, capsys, tmp_path) -> None:
+    deploy(audit_env, capsys, args=ARGS + ["--api-key", SECRET], serving={
+        "env": {"STANDIN_STARTUP_DELAY": "0.2", "SPT_NOENV": "1", "HF_TOKEN": TOKEN}})
+    try:
+        _, data = audit(audit_env, capsys)
+        assert finding(data, "secrets[cmdline]", P)["status"] == "warn"
+        assert finding(data, "secrets[server-info]", P)["found"] == "api_key"
+        assert finding(data, "server-health[health]", P)["status"] == "pass"   # key used
+        environ = data["hosts"][0]["facts"]["servers"][0]["environ"]["value"]
+        assert environ["HF_TOKEN"].startswith("<redacted:")
+        for fmt in ("terminal", "md", "html", "json", "junit"):
+            out = tmp_path / f"report.{fmt}"
+            code, _, err = cli(capsys, "audit", audit_env["host"].name, "--format", fmt,
+                               "-o", str(out), "--series", str(audit_env["series"]),
+                               "--symptom", "context-loss")
+            text = out.read_text()
+            assert code == 1 and text, err
+            assert SECRET not in text and TOKEN not in text, fmt
+    finally:
+        deploy(audit_env, capsys)

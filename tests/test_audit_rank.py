@@ -1,0 +1,123 @@
+"""Suspect ranking for a symptom: from declared data (tier, path, gate, effective state,
+which path the symptom is on), never from patch names."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from audit_facts import synth
+
+from auditor import api
+from auditor.policy import AuditDataError
+from auditor.rank import Access
+
+P, D = "sglang-prefill.service", "sglang-decode.service"
+ACCESS = Access(ssh={"gpu1": ["ssh", "-p", "22", "root@10.0.0.5"]},
+                addresses={"gpu1": "10.0.0.5"})
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory: pytest.TempPathFactory):
+    return synth.real_series(tmp_path_factory.mktemp("series"))
+
+
+@pytest.fixture()
+def seed() -> dict:
+    return copy.deepcopy(synth.load("seed.yaml"))
+
+
+def ranked(series, desc, symptom="context-loss"):
+    return api.evaluate(series, [synth.facts(desc, series)], symptom, ACCESS).symptom
+
+
+def names(sym) -> list[str]:
+    return [s.name for s in sym.suspects]
+
+
+def test_seed_context_loss_puts_mhc_bf16_first_and_decode_kernels_last(series, seed) -> None:
+    sym = ranked(series, seed)
+    assert names(sym) == ["mhc-bf16", "nvfp4-cutlass-no-swiglu-clamp",
+                          "default-thinking-reasoning", "indexer-bf16-gemm",
+                          "mma-splitk-decode", "triton-dsa-indexer"]
+    top = sym.suspects[0]
+    assert top.kind == "patch" and top.score == 1.5
+    assert top.reasons[0] == "tier risky (weight 1), path both"
+    assert top.reasons[1].startswith(f"active in gpu1/{P}, which runs prefill (symptom "
+                                     "weight 1)")
+    assert top.reasons[2] == "unconditional: no gate to A/B; revert it to isolate"
+    assert top.reasons[3].startswith("checkpoint-dtypes[narrowed]: F32 tensors consumed in "
+                                     "BF16 by mhc-bf16")
+    decode = sym.suspects[-1]
+    assert decode.score == 0.15 and f"active in gpu1/{D}, which runs decode (symptom weight " \
+        "0.3)" in decode.reasons[1]
+
+
+def test_seed_next_steps_cheapest_first_with_exact_commands(series, seed) -> None:
+    steps = ranked(series, seed).next_steps
+    assert [(s.cost, s.kind) for s in steps] == [(2, "revert"), (2, "fix"), (2, "fix"),
+                                                 (3, "probe")]
+    assert steps[0].command == ("patchset revert mhc-bf16 --host gpu1 && ssh -p 22 "
+                                "root@10.0.0.5 'systemctl restart sglang-decode.service "
+                                "sglang-prefill.service'")
+    assert steps[1].command.startswith("patchset plan --only default-thinking-reasoning,")
+    assert steps[1].command.endswith(",mhc-bf16,nvfp4-cutlass-swiglu-clamp gpu1")
+    assert steps[-1].command == ("python3 -m auditor.probe needle --url "
+                                 "http://10.0.0.5:30000 --tokens 20000")
+
+
+def test_a_gated_suspect_gets_the_exact_toggle_command(series, seed) -> None:
+    sym = ranked(series, seed)
+    mma = next(s for s in sym.suspects if s.name == "mma-splitk-decode")
+    toggle = mma.steps[0]
+    assert (toggle.cost, toggle.kind) == (1, "toggle-gate")
+    assert toggle.command == ("ssh -p 22 root@10.0.0.5 'sed -i '\"'\"'/^MMA_FLASHMLA=/d'\"'\"' "
+                              "/etc/sglang/decode.env && systemctl restart "
+                              "sglang-decode.service'")
+
+
+def test_ranking_follows_the_data_not_the_names(series, seed) -> None:
+    renamed = synth.variant(series, mhc_bf16={"name": "zz-hc-mix"})
+    seed["tree"]["applied"] = ["zz-hc-mix" if n == "mhc-bf16" else n
+                               for n in seed["tree"]["applied"]]
+    sym = ranked(renamed, seed)
+    assert names(sym)[0] == "zz-hc-mix"          # same tier/path/state: same place
+    safe = synth.variant(series, mhc_bf16={"tier": "safe"})
+    assert names(ranked(safe, copy.deepcopy(synth.load("seed.yaml"))))[:2] == \
+        ["nvfp4-cutlass-no-swiglu-clamp", "mhc-bf16"]
+
+
+def test_decode_quality_raises_the_decode_kernels(series, seed) -> None:
+    sym = ranked(series, seed, "decode-quality")
+    scores = {s.name: s.score for s in sym.suspects}
+    assert names(sym)[0] == "mhc-bf16"
+    assert scores["mma-splitk-decode"] == scores["triton-dsa-indexer"] == 0.5
+    assert scores["indexer-bf16-gemm"] < scores["mma-splitk-decode"]
+
+
+def test_throughput_suspects_gated_off_kernels_with_toggle_on(series, seed) -> None:
+    sym = ranked(series, seed, "throughput")
+    assert names(sym)[:2] == ["mma-splitk-decode", "triton-dsa-indexer"]
+    assert "mhc-bf16" not in names(sym)                  # active: not a throughput suspect
+    step = sym.suspects[0].steps[0]
+    assert step.kind == "toggle-gate" and step.title.startswith(
+        f"set MMA_FLASHMLA in {P} on gpu1 (on)")
+    assert "echo MMA_FLASHMLA=1 >> /etc/sglang/prefill.env" in step.command
+
+
+def test_a_stale_unit_is_a_suspect_with_a_restart(series, seed) -> None:
+    next(s for s in seed["servers"] if s["unit"] == P)["started"] = "2026-11-28T09:00:00Z"
+    sym = ranked(series, seed)
+    stale = next(s for s in sym.suspects if s.kind == "check")
+    assert stale.name == "stale-process on gpu1"
+    assert stale.steps[0].command == "ssh -p 22 root@10.0.0.5 'systemctl restart " \
+        "sglang-prefill.service'"
+
+
+def test_aliases_and_unknown_symptoms(series, seed) -> None:
+    assert ranked(series, seed, "long-prefill-quality").name == "context-loss"
+    with pytest.raises(AuditDataError) as err:
+        ranked(series, seed, "slowness")
+    assert err.value.exit_code == 2
+    assert str(err.value) == ("unknown symptom 'slowness' (known: context-loss, "
+                              "decode-quality, throughput)")

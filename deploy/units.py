@@ -57,7 +57,7 @@ ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
 
 # Env variables deploy owns: set them with the role settings, never in `env`.
 MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONPATH", "PATCHSET_PATCHES",
-               "PATCHSET_TREE")
+               "PATCHSET_TREE", "SPT_NOENV")
 # Server flags deploy renders itself; extra_args may not repeat them.
 MANAGED_FLAGS = {
     "prefill": ("--model-path", "--disaggregation-mode", "--host", "--port", "--tp-size",
@@ -456,7 +456,9 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
     gates, sources = role_gates(applied, role)
     own = settings["env"]
     overridden = {k: (v, own[k]) for k, v in gates.items() if k in own and own[k] != v}
-    env = {"CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    # SPT_NOENV=1: setproctitle must not overwrite the scheduler children's environ, which
+    # is where the audit reads the gates those children really run with.
+    env = {"CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SPT_NOENV": "1"}
     if settings.get("pythonpath", True):
         env["PYTHONPATH"] = import_root(tree, layout, git_prefix)
     env.update({"PATCHSET_TREE": tree, "PATCHSET_PATCHES": patches_value(applied, role)})

@@ -150,7 +150,7 @@ def inventory(env: dict, roles: dict | None = None, serving: dict | None = None,
     spec = {"address": host.ip, "port": host.port, "user": "root",
             "identity_file": str(host.client_key), "tree": TREE, "python": f"{VENV}/bin/python",
             "serving": {"model_path": MODEL, "transfer_backend": "fake",
-                        "env": {"STANDIN_STARTUP_DELAY": "0.2", "SPT_NOENV": "1"},
+                        "env": {"STANDIN_STARTUP_DELAY": "0.2"},
                         **(serving or {})},
             "roles": {r: s for r, s in base.items() if s is not None}}
     path = env["work"] / "hosts.yaml"
@@ -336,7 +336,7 @@ def test_hand_edit_and_foreign_commit(audit_env, capsys) -> None:
 
 def test_secrets_in_env_and_server_args_are_never_shown(audit_env, capsys, tmp_path) -> None:
     deploy(audit_env, capsys, args=ARGS + ["--api-key", SECRET], serving={
-        "env": {"STANDIN_STARTUP_DELAY": "0.2", "SPT_NOENV": "1", "HF_TOKEN": TOKEN}})
+        "env": {"STANDIN_STARTUP_DELAY": "0.2", "HF_TOKEN": TOKEN}})
     try:
         _, data = audit(audit_env, capsys)
         assert finding(data, "secrets[cmdline]", P)["status"] == "warn"

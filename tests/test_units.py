@@ -155,6 +155,7 @@ def test_gates_go_only_to_the_roles_whose_patches_run_there() -> None:
         f"chat-a:{'a' * 12} idx-c:{'c' * 12} both-g:{'d' * 12}")
     assert env["decode"]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert env["decode"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["decode"]["SPT_NOENV"] == env["prefill"]["SPT_NOENV"] == "1"   # audit reads children
     assert env["decode"]["PYTHONPATH"] == "/opt/sglang/python"
     assert "# gate of idx-c (applied, runs in decode)\nTRITON_INDEXER=1\n" in out["decode"].env_text
     assert units.patches_value(APPLIED, "decode") == engine.role_patches_value(APPLIED, "decode")

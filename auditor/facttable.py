@@ -118,6 +118,11 @@ def server(name: str, ctx: Context) -> FactValue:
     if ctx.server is None:
         return _no_server(ctx)
     info = ctx.server.server_info
+    if info.known and info.value.get(name) == "auto":
+        # SGLang resolves `auto` inside the scheduler and never reports the outcome here.
+        return FactValue.unknown(f"server_info reports {name}=auto: the backend it resolved "
+                                 "to is not shown (set it explicitly in the unit to audit it)",
+                                 info.provenance)
     if info.known and name in info.value:
         return FactValue(info.value[name], provenance=info.provenance, source="server_info")
     flag = argv_flag(ctx.server.argv, name)

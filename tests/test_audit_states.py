@@ -214,3 +214,17 @@ def test_a_requires_cycle_is_unknown_not_a_recursion_error(series, seed) -> None
 ])
 def test_condition_semantics(op, found, expected, result) -> None:
     assert holds(op, found, expected) is result
+
+
+def test_backend_reported_as_auto_is_unknown_not_a_value(series, seed) -> None:
+    """/server_info can say `auto`: SGLang resolves it inside the scheduler, so the audit
+    must not evaluate a `requires` against the literal string."""
+    from auditor.facttable import Context, resolve
+    server(seed, D)["server_info"] = dict(server(seed, D)["server_info"],
+                                          moe_runner_backend="auto")
+    host = synth.facts(seed, series)
+    decode = next(s for s in host.servers if "decode" in s.id)
+    fact = resolve("server.moe_runner_backend", Context(host, decode))
+    assert not fact.known and "moe_runner_backend=auto" in fact.reason
+    prefill = next(s for s in host.servers if "prefill" in s.id)
+    assert resolve("server.moe_runner_backend", Context(host, prefill)).value == "triton"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import socket
 import struct
 import time
 from pathlib import Path
@@ -20,9 +19,9 @@ import pytest
 import yaml
 from audit_facts import synth
 
-from patchset.cli import main
-from tests.hosts.nspawn import TestHost, run_ssh
+from tests.hosts.nspawn import TestHost
 from tests.standin.install import install_standin
+from hostutil import cli, free_ports, on_host
 
 TREE, VENV = "/opt/sglang", "/opt/venv"
 MODEL = "/models/DeepSeek-V4-Flash-NVFP4"
@@ -36,32 +35,10 @@ done
 """
 
 
-def free_ports(n: int) -> list[int]:
-    out, socks = [], []
-    try:
-        while len(out) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if not 30000 <= port < 30100:
-                out.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return out
 
 
-def on_host(host: TestHost, command: str) -> str:
-    proc = run_ssh(host, command)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_series(dest: Path, **changes: dict) -> Path:

@@ -4,16 +4,15 @@ real sshd) running the stand-in SGLang server (tests/standin/)."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 import yaml
 
 from deploy import units
-from patchset.cli import main
 from tests.hosts.nspawn import TestHost, run_ssh
 from tests.standin.install import install_standin
+from hostutil import cli, free_ports, on_host
 
 TREE = "/opt/sglang"
 VENV = "/opt/venv"
@@ -22,34 +21,10 @@ UNITS = [f"sglang-{r}.service" for r in units.ROLES]
 NASTY = 'two words, a "quote", $HOME, `tick`, back\\slash and 50%'
 
 
-def free_ports(n: int) -> list[int]:
-    """Loopback ports free on the machine (the hosts share its network namespace)."""
-    out: list[int] = []
-    socks = []
-    try:
-        while len(out) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if not 30000 <= port < 30100:
-                out.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return out
 
 
-def on_host(host: TestHost, command: str) -> str:
-    proc = run_ssh(host, command)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 
 from deploy.local import LocalTransport
 from patchset import api
-from patchset.engine import blob_id
 from patchset.errors import LockedError
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from patchset.cli import main
 from seriesfactory import CHAT, DSV4
 from tests.hosts.nspawn import TestHost, run_ssh
+from hostutil import cli, on_host
 
 TREE = "/opt/sglang"
 
@@ -44,16 +44,8 @@ def remote_env(series_dir: Path, patchset_home: Path, monkeypatch, tmp_path: Pat
     return setup
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-def on_host(host: TestHost, command: str) -> str:
-    proc = run_ssh(host, command)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 def clean_tree(host: TestHost) -> None:

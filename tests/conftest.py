@@ -81,3 +81,19 @@ def patchset_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("PATCHSET_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory: pytest.TempPathFactory):
+    """The project's real series, in a scratch copy (audit tests evaluate it on facts)."""
+    from audit_facts import synth
+    return synth.real_series(tmp_path_factory.mktemp("series"))
+
+
+@pytest.fixture()
+def seed() -> dict:
+    """The seed deployment's facts (DOMAIN.md section 1), a private copy per test."""
+    import copy
+
+    from audit_facts import synth
+    return copy.deepcopy(synth.load("seed.yaml"))

@@ -13,14 +13,6 @@ from auditor.checks import describe
 P, D = "sglang-prefill.service", "sglang-decode.service"
 
 
-@pytest.fixture(scope="module")
-def series(tmp_path_factory: pytest.TempPathFactory):
-    return synth.real_series(tmp_path_factory.mktemp("series"))
-
-
-@pytest.fixture()
-def seed() -> dict:
-    return copy.deepcopy(synth.load("seed.yaml"))
 
 
 def run(series, desc) -> list:

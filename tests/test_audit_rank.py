@@ -17,14 +17,6 @@ ACCESS = Access(ssh={"gpu1": ["ssh", "-p", "22", "root@10.0.0.5"]},
                 addresses={"gpu1": "10.0.0.5"})
 
 
-@pytest.fixture(scope="module")
-def series(tmp_path_factory: pytest.TempPathFactory):
-    return synth.real_series(tmp_path_factory.mktemp("series"))
-
-
-@pytest.fixture()
-def seed() -> dict:
-    return copy.deepcopy(synth.load("seed.yaml"))
 
 
 def ranked(series, desc, symptom="context-loss"):

@@ -17,14 +17,6 @@ from patchset.model import Requirement
 P, D = "sglang-prefill.service", "sglang-decode.service"
 
 
-@pytest.fixture(scope="module")
-def series(tmp_path_factory: pytest.TempPathFactory):
-    return synth.real_series(tmp_path_factory.mktemp("series"))
-
-
-@pytest.fixture()
-def seed() -> dict:
-    return copy.deepcopy(synth.load("seed.yaml"))
 
 
 def states(series, desc) -> dict[tuple[str | None, str], object]:

@@ -118,8 +118,9 @@ def server(name: str, ctx: Context) -> FactValue:
     if ctx.server is None:
         return _no_server(ctx)
     info = ctx.server.server_info
-    if info.known and info.value.get(name) == "auto":
-        # SGLang resolves `auto` inside the scheduler and never reports the outcome here.
+    if info.known and name.endswith("_backend") and info.value.get(name) == "auto":
+        # SGLang resolves an `auto` backend inside the scheduler and never reports the
+        # outcome here (kv_cache_dtype=auto and the like are real, comparable settings).
         return FactValue.unknown(f"server_info reports {name}=auto: the backend it resolved "
                                  "to is not shown (set it explicitly in the unit to audit it)",
                                  info.provenance)

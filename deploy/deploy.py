@@ -403,3 +403,43 @@ def channel_for(transport: Any) -> Any:
         return SshChannel(transport)
     return LocalChannel(getattr(transport, "host", "localhost"))
 
+
+def restart_after_apply(series, inventory, specs, transports, results, timeout, lock_wait,
+                        on_event, on_host=lambda name: None) -> list:
+    """After apply: redeploy, host by host, the server roles whose patches or gates changed
+    (or whose process is stale). Stops at the first host that fails (it is rolled back)."""
+    out, stopped = [], None
+    for spec, transport, applied in zip(specs, transports, results):
+        if not applied.ok:
+            out.append(None)
+            continue
+        if stopped:
+            out.append(DeployResult(host=applied.host, ok=False, exit_code=4,
+                                    error=f"{applied.host}: not restarted (stopped after "
+                                          f"{stopped} failed)"))
+            continue
+        host = inventory.resolve(spec)
+        on_host(host.name)
+        channel = channel_for(transport)
+        tree = applied.target or str(transport.target)
+        try:
+            roles, _ = affected_roles(host, channel, tree, series.upstream.git_prefix,
+                                      series.upstream.name)
+            if not roles:
+                out.append(DeployResult(host=applied.host, ok=True,
+                                        notes=["no running unit serves a changed role"]))
+                continue
+            result = deploy(host, channel, tree, roles=roles, timeout=timeout,
+                            lock_wait=lock_wait, on_event=on_event,
+                            git_prefix=series.upstream.git_prefix,
+                            package=series.upstream.name,
+                            source=inventory.path or "hosts.yaml")
+        except PatchsetError as exc:
+            result = DeployResult(host=applied.host, ok=False, error=str(exc),
+                                  exit_code=exc.exit_code)
+        out.append(result)
+        if not result.ok:
+            stopped = applied.host
+    return out
+
+

@@ -139,7 +139,8 @@ def revert(series: Series, names: list[str], transport: Transport, with_dependen
 
 def status(series: Series, transport: Transport) -> dict:
     request, files = make_request(series, "status")
-    result = raise_for(transport.host, transport.run_engine(dict(request, target=_target_of(transport)), files))
+    raw = transport.run_engine(dict(request, target=_target_of(transport)), files)
+    result = raise_for(transport.host, raw)
     result.pop("ok", None)
     result["host"] = transport.host
     result["pinned_base"] = _pinned_summary(series, result)
@@ -167,8 +168,9 @@ def _target_of(transport: Transport) -> str:
 
 def has_findings(state: dict) -> bool:
     interp = state.get("interpreter") or {}
-    return interp.get("managed") is False or bool(state.get("drift") or state.get("dirty") or state.get("foreign_commits")
-                or state.get("interrupted"))
+    return interp.get("managed") is False or bool(
+        state.get("drift") or state.get("dirty") or state.get("foreign_commits")
+        or state.get("interrupted"))
 
 
 # ---------------------------------------------------------------- show

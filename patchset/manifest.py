@@ -93,7 +93,8 @@ def _upstream(doc: Located) -> UpstreamPin:
         pypi = PypiPin(requirement=_string(doc, w + ("requirement",), p["requirement"]),
                        file=_string(doc, w + ("file",), p["file"]),
                        sha256=_string(doc, w + ("sha256",), p["sha256"], SHA256),
-                       python_version=_string(doc, w + ("python_version",), str(p["python_version"])),
+                       python_version=_string(doc, w + ("python_version",),
+                                              str(p["python_version"])),
                        platform=_string(doc, w + ("platform",), p["platform"]))
         if "/" in pypi.file or pypi.file.startswith("."):
             raise doc.error(w + ("file",), f"{pypi.file!r} must be a bare file name")

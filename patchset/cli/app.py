@@ -1,0 +1,191 @@
+"""The `patchset` CLI: the app, shared options, rendering helpers, the one error handler.
+
+Results go to stdout (a table, or JSON with --json, never both); progress, messages and
+errors go to stderr, so `--json | jq` is never polluted. Heavy libraries (git, fabric,
+paramiko) are imported only inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..errors import EXIT_BAD_INPUT, EXIT_UNREACHABLE, PatchsetError
+from ..model import Series
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="A quilt-style patch queue for SGLang: strict series, atomic apply, "
+                       "exact revert, status and drift.")
+
+SeriesOpt = typer.Option(None, "--series", help="patches.yaml to use "
+                         "[default: ./patches.yaml or $PATCHSET_SERIES]")
+TierOpt = typer.Option(None, "--tier", help="safe | moderate | risky (cumulative)")
+PathOpt = typer.Option(None, "--path", help="prefill | decode | both")
+OnlyOpt = typer.Option(None, "--only", help="only these patches (A,B or repeated)")
+ExcludeOpt = typer.Option(None, "--exclude", help="leave these patches out (A,B or repeated)")
+JsonOpt = typer.Option(False, "--json", help="machine-readable output on stdout")
+TargetOpt = typer.Option(None, "--target", help="tree to manage on localhost "
+                         "[default: the provisioned tree under $PATCHSET_HOME]")
+LockWaitOpt = typer.Option(0.0, "--lock-wait", help="seconds to wait for another patchset "
+                           "run on the same target")
+HealthTimeoutOpt = typer.Option(None, "--health-timeout", help="seconds to wait for each "
+                                "unit's /health [the role's health_timeout, else its "
+                                "TimeoutStartSec]")
+
+InventoryOpt = typer.Option(None, "--inventory", help="hosts.yaml [default: ./hosts.yaml or "
+                            "$PATCHSET_INVENTORY]")
+AcceptNewOpt = typer.Option(False, "--accept-new", help="record the key of a host seen for "
+                            "the first time (a changed key is always refused)")
+
+
+# ---------------------------------------------------------------- rendering helpers
+
+def term(stderr: bool = False):
+    """Rich on a terminal; plain, uncoloured and never truncated when piped."""
+    from rich.console import Console
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, highlight=False, soft_wrap=True,
+                   width=None if tty else 1000, no_color=not tty)
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def say(message: str) -> None:
+    term(stderr=True).print(message, markup=False)
+
+
+class RichProgress:
+    """Progress on a TTY (stderr); one plain line per task when piped."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def task(self, description: str, total: int | None = None):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def _task():
+            if not self.tty:
+                print(f"{description} ...", file=sys.stderr, flush=True)
+                yield lambda n: None
+                return
+            from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+            columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                       TimeElapsedColumn()]
+            with Progress(*columns, console=term(stderr=True), transient=True) as bar:
+                task = bar.add_task(description, total=total)
+                yield lambda n: bar.advance(task, n)
+        return _task()
+
+# ---------------------------------------------------------------- shared plumbing
+
+def load(path: Optional[Path]) -> Series:
+    from ..manifest import load_series
+    from ..paths import default_series
+    return load_series(path or default_series())
+
+
+def selection(tier, path, only, exclude):
+    from ..selection import Selection, parse_names
+    return Selection(tier=tier, path=path, only=parse_names(only), exclude=parse_names(exclude))
+
+
+def resolver_for(series: Series, inventory: Optional[Path], target: Optional[Path],
+          accept_new: bool = False):
+    """The host resolver for one command, with progress shown here."""
+    from deploy.resolve import Hosts
+    return Hosts(series, inventory, target, accept_new, progress=RichProgress())
+
+
+def ship_base(series: Series):
+    from deploy.resolve import base_provider
+    return base_provider(series, RichProgress())
+
+
+def finish(results, as_json: bool, verb: str) -> None:
+    if as_json:
+        emit_json([asdict(r) for r in results])
+    for r in results:
+        say(result_line(r, verb))
+        if r.details and not as_json:
+            say(r.details)
+    if len(results) > 1:
+        say(summary(results))
+    codes = {r.exit_code for r in results}
+    code = EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes, default=0)
+    if code:
+        raise typer.Exit(code)
+
+
+def summary(results) -> str:
+    ok = [r.host for r in results if r.ok]
+    down = [r.host for r in results if r.exit_code == EXIT_UNREACHABLE]
+    failed = [r.host for r in results if not r.ok and r.host not in down]
+    parts = [f"{len(ok)} ok"]
+    if down:
+        parts.append(f"{len(down)} unreachable ({', '.join(down)})")
+    if failed:
+        parts.append(f"{len(failed)} failed ({', '.join(failed)})")
+    return f"{len(results)} hosts: " + ", ".join(parts)
+
+
+def result_line(r, verb: str) -> str:
+    if not r.ok:
+        return f"{r.host}: {verb} FAILED: {r.error}"
+    recovered = " (finished an interrupted transaction first)" if r.recovered else ""
+    if r.dry_run:
+        return f"{r.host}: would change {r.before} -> {r.after}"
+    if not r.changed:
+        return f"{r.host}: unchanged, applied: {', '.join(r.after) or 'none'}{recovered}"
+    head = f" head {r.head[:12]}" if r.head else ""
+    return (f"{r.host}: {verb} done, applied: {', '.join(r.after) or 'none'}{head}"
+            f"{recovered}")
+
+
+# ---------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> int:
+    """One top-level handler: expected errors are one line; others a short trace + log."""
+    try:
+        code = app(args=argv, prog_name="patchset", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except PatchsetError as exc:
+        print(f"patchset: error: {exc}", file=sys.stderr)
+        details = getattr(exc, "details", "")
+        if details:
+            print(details, file=sys.stderr)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the one place that catches everything
+        return _unexpected(exc)
+
+
+def _unexpected(exc: BaseException) -> int:
+    import click
+    if isinstance(exc, click.exceptions.Abort):
+        print("patchset: aborted", file=sys.stderr)
+        return 130
+    if isinstance(exc, click.ClickException):
+        exc.show()
+        return EXIT_BAD_INPUT
+    from ..paths import data_home
+    log = data_home() / "debug.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(traceback.format_exc())
+    except OSError:
+        pass
+    short = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    print(f"patchset: internal error: {short} (full trace in {log})", file=sys.stderr)
+    return 70

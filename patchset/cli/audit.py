@@ -1,0 +1,46 @@
+"""The audit command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import (AcceptNewOpt, InventoryOpt, SeriesOpt, TargetOpt, app, load, resolver_for,
+                  say)
+
+
+
+# ---------------------------------------------------------------- audit (live facts, checks)
+
+@app.command()
+def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                            "localhost; several run in parallel"),
+          symptom: Optional[str] = typer.Option(None, "--symptom", help="rank suspects for "
+                                                "context-loss | decode-quality | throughput"),
+          fmt: str = typer.Option("terminal", "--format", help="terminal | md | html | json "
+                                  "| junit"),
+          output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the "
+                                                "report to FILE instead of stdout"),
+          target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+          accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Gather live facts (one round trip per host), give every patch its effective state,
+    run the checks, rank suspects for a symptom. Exit 0 clean, 1 findings, 3 unreachable."""
+    from auditor import cli_support
+    from auditor.render import render
+    s = load(series)
+    cli_support.check_format(fmt)
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        transports = [cli_support.transport(resolver, h) for h in hosts]
+        report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts)
+    color = fmt == "terminal" and output is None and sys.stdout.isatty()
+    text = render(data, fmt, color=color)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+        say(f"{cli_support.summary_line(data)}; report written to {output}")
+    else:
+        sys.stdout.write(text)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,302 @@
+"""The patch-queue commands: list, show, check, plan, apply, revert, status, provision."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .. import __version__
+from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE
+from .app import (AcceptNewOpt, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt,
+                  OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app, emit_json,
+                  finish, load, resolver_for, selection, ship_base, term)
+
+
+
+# ---------------------------------------------------------------- commands
+
+@app.command("list")
+def list_cmd(tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+             as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """List the series (filtered by --tier/--path), in series order."""
+    from ..api import list_patches
+    s = load(series)
+    patches = list_patches(s, tier, path)
+    if as_json:
+        emit_json([_patch_json(p) for p in patches])
+        return
+    from rich.table import Table
+    table = Table("#", "name", "tier", "path", "gate", "depends", "upstream", "summary")
+    order = {p.name: i for i, p in enumerate(s.patches, start=1)}
+    for p in patches:
+        gate = f"{p.gate.env}={p.gate.on}" if p.gate else "-"
+        table.add_row(str(order[p.name]), p.name, p.tier, p.path, gate,
+                      ",".join(p.depends) or "-", p.upstream_status, p.summary)
+    term().print(table)
+
+
+def _patch_json(p) -> dict:
+    data = asdict(p)
+    data["requires"] = [asdict(r) for r in p.requires]
+    return data
+
+
+@app.command()
+def show(name: str, series: Optional[Path] = SeriesOpt,
+         as_json: bool = JsonOpt) -> None:
+    """Show one patch: metadata, header, files with diffstat, highlighted diff."""
+    from ..api import show as show_patch
+    view = show_patch(load(series), name)
+    if as_json:
+        emit_json({**_patch_json(view.patch), "diff": view.diff})
+        return
+    _render_show(view)
+
+
+def _render_show(view) -> None:
+    from rich.syntax import Syntax
+    console = term()
+    p = view.patch
+    console.print(f"[bold]{p.name}[/bold]  tier={p.tier} path={p.path} "
+                  f"gate={(p.gate.env + '=' + p.gate.on) if p.gate else 'none'} "
+                  f"upstream={p.upstream_status}")
+    for key, value in p.header.items():
+        console.print(f"{key}: {value}", markup=False)
+    for req in p.requires:
+        console.print(f"requires {req.fact} {req.op} {req.value!r}  {req.why}", markup=False)
+    total_add = sum(c.added for c in p.files)
+    total_del = sum(c.removed for c in p.files)
+    for c in p.files:
+        console.print(f" {c.path} | +{c.added} -{c.removed}", markup=False)
+    console.print(f" {len(p.files)} file(s) changed, {total_add} insertions(+), "
+                  f"{total_del} deletions(-)")
+    console.print(Syntax(view.diff, "diff", theme="ansi_dark", word_wrap=False))
+
+
+@app.command()
+def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
+              False, "--exhaustive", help="try every dependency-closed subset"),
+          offline: bool = typer.Option(False, "--offline", help="never touch the network"),
+          series: Optional[Path] = SeriesOpt) -> None:
+    """Validate the manifest and apply every selection on the pinned base (zero fuzz)."""
+    from .. import api
+    from ..upstream import provision
+    s = load(series)
+    base = provision(s.upstream, progress=RichProgress(), offline=offline)
+    report = api.check(s, _blob_reader(base), f"{base.commit} ({base.source})", exhaustive)
+    if as_json:
+        emit_json({"ok": report.ok, **asdict(report)})
+    else:
+        _render_check(report)
+    if not report.ok:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _blob_reader(base):
+    import subprocess
+
+    def read(path: str) -> bytes | None:
+        proc = subprocess.run(["git", "cat-file", "blob", f"{base.commit}:{path}"],
+                              cwd=base.repo, capture_output=True)
+        return proc.stdout if proc.returncode == 0 else None
+    return read
+
+
+def _render_check(report) -> None:
+    console = term()
+    console.print(f"manifest {report.manifest}: valid")
+    console.print(f"base {report.base}")
+    bad = [p for p in report.preimages if not p.ok]
+    console.print(f"pre-images: {len(report.preimages) - len(bad)}/{len(report.preimages)} "
+                  "match the pin")
+    for p in bad:
+        console.print(f"  MISMATCH {p.path}: recorded {p.recorded} found {p.found}", markup=False)
+    for sel in report.selections:
+        mark = "ok  " if sel.ok else "FAIL"
+        console.print(f"  {mark} {','.join(sel.names) or '(empty)'}"
+                      f"{'' if sel.ok else ': ' + str(sel.error)}", markup=False)
+    console.print("check passed" if report.ok else "check FAILED")
+
+
+
+@app.command("plan")
+def plan_cmd(hosts: Optional[List[str]] = typer.Argument(None, help="hosts to compare with "
+                                                         "(a dry-run apply on each)"),
+             tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+             only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
+             target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+             accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
+             series: Optional[Path] = SeriesOpt) -> None:
+    """Show which patches a selection takes and why; with HOST, what apply would change."""
+    from .. import api
+    from ..selection import plan
+    s = load(series)
+    result = plan(s, selection(tier, path, only, exclude))
+    host_results = []
+    if hosts:
+        with resolver_for(s, inventory, target, accept_new) as resolver:
+            transports = [resolver.transport(h, provision_local=False) for h in hosts]
+            host_results = api.apply(s, result, transports, dry_run=True)
+    if as_json:
+        emit_json({"selected": list(result.names),
+                    "decisions": [asdict(d) for d in result.decisions],
+                    "hosts": [asdict(r) for r in host_results]})
+    else:
+        _render_plan(result, host_results)
+    codes = {r.exit_code for r in host_results}
+    if codes - {0}:
+        raise typer.Exit(EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes))
+
+
+def _render_plan(result, host_results) -> None:
+    console = term()
+    for d in result.decisions:
+        mark = "+" if d.selected else "-"
+        console.print(f"{mark} {d.name:<28} {d.reason}", markup=False)
+    console.print(f"{len(result.names)} of {len(result.decisions)} patches selected")
+    for r in host_results:
+        if not r.ok:
+            console.print(f"{r.host}: {r.error}", markup=False)
+            continue
+        added = [n for n in r.after if n not in r.before]
+        removed = [n for n in r.before if n not in r.after]
+        change = ", ".join([f"+{n}" for n in added] + [f"-{n}" for n in removed])
+        console.print(f"{r.host}: {change or 'no change'}", markup=False)
+
+
+@app.command()
+def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                            "localhost; several run in parallel"),
+          tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+          only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
+          dry_run: bool = typer.Option(False, "--dry-run", help="plan and verify, change nothing"),
+          target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+          inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
+          restart: bool = typer.Option(False, "--restart", help="then restart, host by host, "
+                                       "the units whose role's patches or gates changed "
+                                       "(redeploys them, waits for /health, rolls back)"),
+          health_timeout: Optional[float] = HealthTimeoutOpt,
+          as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Make each host run exactly the selected patches, atomically."""
+    from .. import api
+    from ..selection import plan
+    s = load(series)
+    selected = plan(s, selection(tier, path, only, exclude))
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        transports = [resolver.transport(h) for h in hosts]
+        results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
+                            base_provider=ship_base(s))
+        if restart and not dry_run:
+            from .serving import finish_with_restarts, restart_after_apply
+            restarts = restart_after_apply(s, resolver, hosts, transports, results,
+                                            health_timeout, lock_wait)
+            finish_with_restarts(results, restarts, as_json)
+            return
+    finish(results, as_json, "apply")
+
+
+@app.command()
+def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
+           host: Optional[str] = typer.Option(None, "--host", help="[default: the inventory's "
+                                              "default host, else localhost]"),
+           with_dependents: bool = typer.Option(False, "--with-dependents",
+                                                help="also revert patches that depend on it"),
+           target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+           inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
+           as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Take patches out of a host's tree and keep the rest, exactly."""
+    from .. import api
+    s = load(series)
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        transport = resolver.transport(host or resolver.default(), provision_local=False)
+        result = api.revert(s, names, transport, with_dependents=with_dependents,
+                            lock_wait=lock_wait)
+    finish([result], as_json, "revert")
+
+
+@app.command()
+def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the inventory's "
+                                                       "default host, else localhost]"),
+           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+           accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
+           series: Optional[Path] = SeriesOpt) -> None:
+    """Base, applied patches, drift, state version, and the tree the server imports."""
+    from .. import api
+    s = load(series)
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        transports = [resolver.transport(h, provision_local=False)
+                      for h in hosts or [resolver.default()]]
+        states = api.on_hosts(transports, lambda t: api.status_or_error(s, t))
+    if as_json:
+        emit_json(states)
+    else:
+        for state in states:
+            _render_status(state)
+    codes = {st.get("exit_code", 0) for st in states}
+    if EXIT_UNREACHABLE in codes:
+        raise typer.Exit(EXIT_UNREACHABLE)
+    from .serving import stale_units
+    if any(api.has_findings(st) or stale_units(st) for st in states) or codes - {0}:
+        raise typer.Exit(max(codes | {EXIT_FINDINGS}))
+
+
+def _render_status(st: dict) -> None:
+    console = term()
+    if st.get("error"):
+        console.print(f"[bold]{st['host']}[/bold]: [red]{st['error']}[/red]")
+        return
+    console.print(f"[bold]{st['host']}[/bold] {st['target']} ({st['kind']} tree, "
+                  f"{st['layout']} layout)")
+    console.print(f"  base: {st['pinned_base']}"
+                  + (f", commit {st['base']['commit'][:12]}" if st.get('base') and
+                     st['base'].get('commit') else ""), markup=False)
+    console.print(f"  state version: {st['state_version'] or '-'}  tool {st['tool_version'] or '-'}"
+                  f"  updated {st['updated'] or '-'}", markup=False)
+    applied = st["applied"]
+    console.print(f"  applied ({len(applied)}): "
+                  + (", ".join(a["name"] for a in applied) or "none"), markup=False)
+    for key, label in (("drift", "drift"), ("dirty", "uncommitted"),
+                       ("foreign_commits", "foreign commits")):
+        for item in st.get(key) or []:
+            text = item["path"] if isinstance(item, dict) else item
+            console.print(f"  [red]{label}[/red]: {text}")
+    if st.get("interrupted"):
+        i = st["interrupted"]
+        console.print(f"  [yellow]interrupted {i['op']} ({i['id']}): {i['next']}[/yellow]")
+    interp = st.get("interpreter")
+    if interp:
+        where = interp.get("imports") or interp.get("error") or "no sglang"
+        mark = "" if interp.get("managed") else "  [red]NOT the managed tree: patches here " \
+            "are a silent no-op for the server[/red]"
+        console.print(f"  {interp['python']} imports {where}{mark}")
+    if st.get("locked_by"):
+        console.print(f"  locked by {st['locked_by']}", markup=False)
+    from .serving import render_units
+    render_units(console, st)
+    if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted")):
+        console.print("  clean")
+
+
+@app.command()
+def provision(offline: bool = typer.Option(False, "--offline"),
+              series: Optional[Path] = SeriesOpt, as_json: bool = JsonOpt) -> None:
+    """Fetch the pinned upstream into the local cache (git, else the verified PyPI wheel)."""
+    from ..upstream import provision as do_provision
+    s = load(series)
+    base = do_provision(s.upstream, progress=RichProgress(), offline=offline)
+    if as_json:
+        emit_json({"repo": str(base.repo), "commit": base.commit, "source": base.source,
+                    "ref": base.ref})
+    else:
+        term().print(f"{s.upstream.name} {s.upstream.version}: {base.commit} "
+                         f"from {base.source} in {base.repo}", markup=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the patchset version."""
+    print(__version__)
+

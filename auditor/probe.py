@@ -11,6 +11,11 @@
 Each prints one JSON line and exits 0 (pass) or 1 (fail); a server that cannot be reached
 exits 3. `--api-key` or $SGLANG_API_KEY is sent as a bearer token. Run it before and after
 each isolation step and compare.
+
+`patchset probe` runs the context-fidelity pair below (`fidelity`): a multi-turn recall
+with tools in the request (the shape of an agent session, where context loss is first
+reported) and a single long-context needle per size; every result keeps its evidence
+(prompt size sent and seen, answer, latency) so a pass/fail can be argued from the JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
@@ -31,9 +37,9 @@ FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads 
 
 
 def chat(url: str, messages: list[dict], max_tokens: int, key: str | None,
-         timeout: float = 600) -> dict:
+         timeout: float = 600, **extra: Any) -> dict:
     body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
+                       "temperature": 0, **extra}).encode()
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -86,6 +92,258 @@ def throughput(url: str, parallel: int, key: str | None) -> dict:
     return {"probe": "throughput", "ok": done > 0, "requests": parallel,
             "completion_tokens": done, "seconds": round(elapsed, 3),
             "tokens_per_second": round(done / elapsed, 1) if elapsed else None}
+
+
+# ---------------------------------------------------------------- context fidelity (patchset probe)
+
+FIDELITY_KINDS = ("recall", "needle")
+DEFAULT_SIZES = (8192, 16384, 32768)
+WORDS_PER_TOKEN = 0.75      # English prose: a real tokenizer gives >= 1 token per word
+SEEN_FLOOR = 0.9            # usage.prompt_tokens below this share of the words sent = cut
+ANSWER_TOKENS = 512         # room for a reasoning model to think before it answers
+RECALL_FILLER_TURNS = 6
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+QUESTION = "What was the token I gave you in turn 1? Answer with the token only."
+
+
+@dataclass
+class ProbeResult:
+    """One probe's verdict with the evidence it rests on (what was sent, what was seen)."""
+
+    probe: str                    # "recall" | "needle"
+    name: str                     # "recall", "needle@8k"
+    ok: bool
+    reason: str
+    expected: str                 # the planted token
+    answer: str = ""
+    size_tokens: int | None = None   # the size asked for (needle)
+    words_sent: int = 0           # words of every message's content
+    prompt_tokens: int | None = None  # what the server says it saw (usage)
+    latency_ms: float = 0.0
+    turns: int = 0                # user turns sent
+    tools: bool = False           # tool definitions were in the request
+    error: str | None = None
+    unreachable: bool = False
+
+
+@dataclass
+class FidelitySpec:
+    """What `patchset probe` asked for; the endpoint is a URL or an inventory host."""
+
+    url: str | None = None
+    host: str | None = None
+    inventory: str | None = None
+    kinds: tuple[str, ...] = FIDELITY_KINDS
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    api_key_env: str | None = None
+    timeout: float = 600.0
+
+
+@dataclass
+class FidelityReport:
+    url: str
+    host: str | None
+    results: list[ProbeResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def unreachable(self) -> bool:
+        return any(r.unreachable for r in self.results)
+
+    def to_json(self) -> dict:
+        return {"url": self.url, "host": self.host, "ok": self.ok,
+                "unreachable": self.unreachable, "results": [asdict(r) for r in self.results]}
+
+
+def parse_sizes(text: str | None) -> tuple[int, ...]:
+    """`8k,16k,32k` -> token counts (k = 1024: context windows are powers of two)."""
+    from patchset.errors import UsageError
+    if not text:
+        return DEFAULT_SIZES
+    sizes = []
+    for item in text.replace(" ", "").split(","):
+        number = item[:-1] if item.lower().endswith("k") else item
+        if not number.isdigit() or int(number) <= 0:
+            raise UsageError(f"--sizes {text!r}: {item!r} is not a size like 8k or 8192")
+        sizes.append(int(number) * (1024 if number != item else 1))
+    return tuple(sizes)
+
+
+def parse_kinds(kind: str | None) -> tuple[str, ...]:
+    from patchset.errors import UsageError
+    if kind is None:
+        return FIDELITY_KINDS
+    if kind not in FIDELITY_KINDS:
+        raise UsageError(f"--kind {kind!r}: expected one of {', '.join(FIDELITY_KINDS)}")
+    return (kind,)
+
+
+def fidelity(spec: FidelitySpec) -> FidelityReport:
+    """Resolve the endpoint and key, run the asked probes; failures are results, not
+    exceptions, so one report always comes back (bad input is a UsageError)."""
+    url = spec.url.rstrip("/") if spec.url else endpoint(spec.host, spec.inventory)
+    key = _api_key(spec.api_key_env)
+    report = FidelityReport(url=url, host=spec.host)
+    for kind in spec.kinds:
+        if kind == "recall":
+            report.results.append(_guarded(recall, url, key, spec.timeout))
+        else:
+            for size in spec.sizes:
+                report.results.append(_guarded(needle_at, url, key, spec.timeout, size))
+    return report
+
+
+def endpoint(host: str | None, inventory: str | None) -> str:
+    """The OpenAI-compatible endpoint of an inventory host: its router, else its decode."""
+    from deploy.inventory import load
+    from patchset.errors import UsageError
+    if not host:
+        raise UsageError("probe: give HOST (an inventory name) or --url http://HOST:PORT")
+    inv = load(inventory)
+    if host not in inv.hosts:
+        raise UsageError(f"probe: {host!r} is not in the inventory "
+                         f"({inv.path or 'no hosts.yaml'}); use --url for other servers")
+    entry = inv.hosts[host]
+    for role in ("router", "decode"):
+        port = (entry.roles.get(role) or {}).get("port")
+        if port:
+            address = "127.0.0.1" if entry.address in ("localhost", "local") else entry.address
+            address = f"[{address}]" if ":" in address else address
+            return f"http://{address}:{port}"
+    raise UsageError(f"probe: hosts.{host}.roles has no router or decode port; "
+                     "add one or use --url")
+
+
+def _api_key(name: str | None) -> str | None:
+    from patchset.errors import UsageError
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise UsageError(f"--api-key-env {name}: the variable is not set")
+    return value
+
+
+def _guarded(probe, url: str, key: str | None, timeout: float, *args: Any) -> ProbeResult:
+    """Run one probe; a transport or HTTP failure becomes a failed result naming it."""
+    try:
+        return probe(url, key, timeout, *args)
+    except urllib.error.HTTPError as exc:
+        error, unreachable = f"HTTP {exc.code}: {_body(exc)}", False
+    except (urllib.error.URLError, OSError) as exc:
+        error, unreachable = f"cannot reach {url}: {getattr(exc, 'reason', exc)}", True
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        error, unreachable = f"not an OpenAI chat completion: {exc}", False
+    name = probe.__name__.replace("needle_at", "needle")
+    if args:
+        name += f"@{_size_label(args[0])}"
+    error = _redact(error, key)
+    return ProbeResult(probe=name.split("@")[0], name=name, ok=False, reason=error,
+                       expected="", error=error, unreachable=unreachable,
+                       size_tokens=args[0] if args else None)
+
+
+def _body(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read()[:200].decode("utf-8", "replace").replace("\n", " ")
+    except OSError:
+        return str(exc.reason)
+
+
+def _redact(text: str, key: str | None) -> str:
+    return text.replace(key, "<redacted>") if key else text
+
+
+def _size_label(size: int) -> str:
+    return f"{size // 1024}k" if size % 1024 == 0 else str(size)
+
+
+def recall(url: str, key: str | None, timeout: float = 600.0) -> ProbeResult:
+    """Plant a token in turn 1 of an agent-shaped chat (tools defined, one tool round
+    trip), ask for it after several turns: catches a server that drops history."""
+    token = "RECALL-" + secrets.token_hex(4).upper()
+    messages = recall_messages(token, RECALL_FILLER_TURNS)
+    return _ask("recall", "recall", url, key, timeout, token, messages, None, tools=True)
+
+
+def needle_at(url: str, key: str | None, timeout: float, size: int) -> ProbeResult:
+    """Plant a token at the very start of a prompt of about `size` tokens and ask for it
+    last: a server that cuts or windows the context loses the start first."""
+    token = "NEEDLE-" + secrets.token_hex(4).upper()
+    messages = needle_messages(token, size)
+    return _ask("needle", f"needle@{_size_label(size)}", url, key, timeout, token, messages,
+                size, tools=False)
+
+
+def recall_messages(token: str, filler_turns: int) -> list[dict]:
+    messages: list[dict] = [
+        {"role": "system", "content": "You are a helpful assistant. Use the tools only "
+                                      "for weather questions."},
+        {"role": "user", "content": f"Remember this for later: the token is {token}. "
+                                    "Reply with OK."},
+        {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1",
+         "content": "{\"city\": \"Paris\", \"sky\": \"sunny\", \"celsius\": 21}"},
+        {"role": "assistant", "content": "It is sunny in Paris, 21 degrees."},
+    ]
+    for i in range(filler_turns):
+        messages += [{"role": "user", "content": f"Summarise note {i + 1} in one sentence: "
+                                                 f"{FILLER * 3}"},
+                     {"role": "assistant", "content": "A fox, a dog and an operator "
+                                                      "checking the queue."}]
+    messages.append({"role": "user", "content": QUESTION})
+    return messages
+
+
+def needle_messages(token: str, size: int) -> list[dict]:
+    budget = max(50, int(size * WORDS_PER_TOKEN) - 40)
+    filler = FILLER.split()
+    document = " ".join(filler[i % len(filler)] for i in range(budget))
+    return [{"role": "user", "content": f"Remember this: the token is {token}.\n\n{document}"},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": QUESTION}]
+
+
+def _ask(probe: str, name: str, url: str, key: str | None, timeout: float, token: str,
+         messages: list[dict], size: int | None, tools: bool) -> ProbeResult:
+    extra: dict[str, Any] = {"tools": TOOLS} if tools else {}
+    start = time.monotonic()
+    reply = chat(url, messages, ANSWER_TOKENS, key, timeout, **extra)
+    latency = round((time.monotonic() - start) * 1000, 1)
+    message = reply["choices"][0]["message"]
+    answer = (message.get("content") or "").strip()
+    reasoning = message.get("reasoning_content") or ""
+    sent = sum(len((m.get("content") or "").split()) for m in messages)
+    seen = (reply.get("usage") or {}).get("prompt_tokens")
+    ok, reason = _verdict(token, answer, reasoning, sent, seen)
+    return ProbeResult(probe=probe, name=name, ok=ok, reason=reason, expected=token,
+                       answer=_redact(answer[:200], key), size_tokens=size, words_sent=sent,
+                       prompt_tokens=seen, latency_ms=latency,
+                       turns=sum(m["role"] == "user" for m in messages), tools=tools)
+
+
+def _verdict(token: str, answer: str, reasoning: str, sent: int,
+             seen: int | None) -> tuple[bool, str]:
+    """Pass only if the token comes back and the server saw what was sent: a real
+    tokenizer gives at least one token per word, so fewer means context was cut."""
+    if isinstance(seen, int) and seen < sent * SEEN_FLOOR:
+        return False, (f"the server saw {seen} prompt tokens of {sent} words sent: "
+                       "context was dropped or truncated")
+    if token in answer:
+        return True, "the planted token came back"
+    if token in reasoning:
+        return True, "the planted token came back (in reasoning_content)"
+    return False, f"the answer does not contain the planted token {token}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,8 +54,8 @@ def test_seed_next_steps_cheapest_first_with_exact_commands(series, seed) -> Non
                                 "sglang-prefill.service'")
     assert steps[1].command.startswith("patchset plan --only default-thinking-reasoning,")
     assert steps[1].command.endswith(",mhc-bf16,nvfp4-cutlass-swiglu-clamp gpu1")
-    assert steps[-1].command == ("python3 -m auditor.probe needle --url "
-                                 "http://10.0.0.5:30000 --tokens 20000")
+    assert steps[-1].command == ("patchset probe --url http://10.0.0.5:30000 "
+                                 "--sizes 8k,16k,32k")
 
 
 def test_a_gated_suspect_gets_the_exact_toggle_command(series, seed) -> None:

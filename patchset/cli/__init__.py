@@ -6,6 +6,7 @@ from .app import app, main
 # Importing registers the commands, in the order --help lists them.
 from . import queue  # noqa: E402,F401
 from . import serving  # noqa: E402,F401
+from . import isolate  # noqa: E402,F401
 from . import audit  # noqa: E402,F401
 from .serving import DeployView  # noqa: E402
 

@@ -1,0 +1,119 @@
+"""Isolation tools: context-fidelity probes against a live endpoint, and quilt/git interop
+(export the series for other tools, import patches authored elsewhere)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE, UsageError
+from .app import (
+    InventoryOpt,
+    JsonOpt,
+    RichProgress,
+    SeriesOpt,
+    app,
+    emit_json,
+    load,
+    say,
+    term,
+)
+
+# ---------------------------------------------------------------- probe
+
+@app.command()
+def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its router, else "
+                                               "decode, role port) [or use --url]"),
+          url: Optional[str] = typer.Option(None, "--url", help="any OpenAI-compatible "
+                                            "server, e.g. http://127.0.0.1:30000"),
+          kind: Optional[str] = typer.Option(None, "--kind", help="recall | needle "
+                                             "[default: both]"),
+          sizes: Optional[str] = typer.Option(None, "--sizes", help="needle prompt sizes in "
+                                              "tokens [8k,16k,32k]"),
+          api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
+                                                    "API key from this environment variable"),
+          timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
+          inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+    """Context-fidelity probes: multi-turn recall with tools, long-context needle per size.
+    Exit 0 all pass, 1 a probe failed, 3 the endpoint could not be reached."""
+    from auditor.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes
+    if bool(host) == bool(url):
+        raise UsageError("probe: give exactly one of HOST or --url")
+    spec = FidelitySpec(url=url, host=host, inventory=str(inventory) if inventory else None,
+                        kinds=parse_kinds(kind), sizes=parse_sizes(sizes),
+                        api_key_env=api_key_env, timeout=timeout)
+    report = fidelity(spec)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        _render_probe(report)
+    if report.unreachable:
+        raise typer.Exit(EXIT_UNREACHABLE)
+    if not report.ok:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _render_probe(report) -> None:
+    console = term()
+    console.print(f"{report.host or report.url}: {report.url}", markup=False)
+    for r in report.results:
+        mark = "pass" if r.ok else "FAIL"
+        seen = "-" if r.prompt_tokens is None else str(r.prompt_tokens)
+        console.print(f"  {mark} {r.name:<12} sent {r.words_sent} words, server saw {seen} "
+                      f"tokens, {r.latency_ms:.0f} ms, answer {r.answer[:40]!r}: {r.reason}",
+                      markup=False)
+    say(f"{sum(r.ok for r in report.results)}/{len(report.results)} probes passed")
+
+
+# ---------------------------------------------------------------- export / import
+
+@app.command("export")
+def export_cmd(quilt: Path = typer.Option(..., "--quilt", help="directory for the quilt "
+                                          "series (series file + patches)"),
+               force: bool = typer.Option(False, "--force", help="write into a non-empty "
+                                          "directory"),
+               as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Write the series as a quilt series (DEP-3 headers kept), in series order."""
+    from dataclasses import asdict
+
+    from ..interop import export_quilt
+    result = export_quilt(load(series), quilt, force=force)
+    if as_json:
+        emit_json(asdict(result))
+    else:
+        for name in result.patches:
+            term().print(name, markup=False)
+        say(f"wrote {len(result.patches)} patches and {result.series_file}")
+
+
+@app.command("import")
+def import_cmd(rev_range: Optional[str] = typer.Argument(None, help="BASE..HEAD with --git"),
+               quilt: Optional[Path] = typer.Option(None, "--quilt", help="a quilt patches "
+                                                    "directory (with its series file)"),
+               git: Optional[Path] = typer.Option(None, "--git", help="a git repository in "
+                                                  "git layout (python/sglang/...)"),
+               split: bool = typer.Option(False, "--split", help="--git: one patch per file "
+                                          "of each commit"),
+               tier: str = typer.Option("risky", "--tier", help="tier of the new patches"),
+               path: str = typer.Option("both", "--path", help="path of the new patches"),
+               author: Optional[str] = typer.Option(None, "--author", help="Author: for "
+                                                    "patches that name none"),
+               offline: bool = typer.Option(False, "--offline", help="never touch the network"),
+               as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Add a quilt series or a git range to the series, re-diffed against the pin; all
+    patches are checked before any file is written."""
+    from dataclasses import asdict
+
+    from ..interop import ImportMeta, ImportSource, import_from
+    source = ImportSource(quilt=quilt, git=git, rev_range=rev_range, split=split)
+    meta = ImportMeta(tier=tier, path=path, author=author)
+    result = import_from(load(series), source, meta, progress=RichProgress(), offline=offline)
+    if as_json:
+        emit_json(asdict(result))
+    else:
+        for p in result.patches:
+            deps = f" (depends: {', '.join(p.depends)})" if p.depends else ""
+            term().print(f"{p.name}  {p.file}  from {p.source}{deps}", markup=False)
+        say(f"imported {len(result.patches)} patch(es) into {result.manifest}")

@@ -5,8 +5,10 @@ is the median of --runs runs (default 5) with min and max; ratios are computed f
 medians measured in the same run. Not part of the test suite: nothing here asserts.
 
 Sections: apply (patchset vs git am vs quilt push -a, the real series on the real pinned
-tree), fleet apply (1, 2, 4, 8 nspawn hosts), transfer (bytes sent for a re-apply),
-CLI start (`--help`, `list`).
+tree), CLI start (`--help`, `list`), checkpoint (dtype facts of a 10 MB and a 100 GB sparse
+shard: bytes read, time; bench/checkpoint_bench.py), fleet apply (1, 2, 4, 8 nspawn hosts),
+transfer (bytes sent for a re-apply), audit (one host vs `ssh HOST true` and a naive loop
+of one ssh per fact, round trips; fleet audit of 1, 2, 4, 8 hosts; bench/audit_bench.py).
 """
 
 from __future__ import annotations
@@ -15,56 +17,26 @@ import argparse
 import os
 import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from deploy.local import LocalTransport  # noqa: E402
-from patchset import api  # noqa: E402
-from patchset.manifest import load_series  # noqa: E402
-from patchset.selection import Selection, plan  # noqa: E402
-from patchset.upstream import materialize, provision  # noqa: E402
+from benchlib import Row, count_row, measure, ratios, row, run, verdict
 
-
-@dataclass
-class Row:
-    section: str
-    what: str
-    median: float
-    low: float
-    high: float
-    unit: str
-    note: str = ""
-
-
-def measure(runs: int, setup: Callable[[], object], work: Callable[[object], None]
-            ) -> tuple[float, float, float]:
-    """Median/min/max seconds of `work(setup())`; setup is not timed."""
-    times = []
-    for _ in range(runs):
-        arg = setup()
-        start = time.perf_counter()
-        work(arg)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times), max(times)
-
-
-def row(section: str, what: str, stats: tuple[float, float, float], unit: str = "s",
-        note: str = "") -> Row:
-    return Row(section, what, *stats, unit=unit, note=note)
-
+from deploy.local import LocalTransport
+from patchset import api
+from patchset.manifest import load_series
+from patchset.selection import Selection, plan
+from patchset.upstream import materialize, provision
 
 # ---------------------------------------------------------------- apply vs peers
 
-def bench_apply(series, base, runs: int, scratch: Path) -> list[Row]:
+def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
     counter = iter(range(10_000))
 
     def fresh(layout: str = "git") -> Path:
@@ -93,20 +65,21 @@ def bench_apply(series, base, runs: int, scratch: Path) -> list[Row]:
     rows = [row("apply", f"patchset apply ({len(series.patches)} patches, plan+verify)",
                 measure(runs, fresh, patchset_apply))]
     rows.append(row("apply", "git am (same patches)", measure(runs, fresh, git_am)))
+    ratios(rows, rows[1], "vs git am")
+    rows[0].note += "; " + verdict(rows[0].median <= 1.5 * rows[1].median, "<= 1.5x git am")
     if shutil.which("quilt"):
-        rows.append(row("apply", "quilt push -a (same patches)",
-                        measure(runs, quilt_tree, quilt_push)))
-    return _ratios(rows, base_index=1, label="vs git am")
-
-
-def _ratios(rows: list[Row], base_index: int, label: str) -> list[Row]:
-    base = rows[base_index].median
-    for r in rows:
-        r.note = (r.note + " " if r.note else "") + f"{r.median / base:.2f}x {label}"
+        quilt = row("apply", "quilt push -a (same patches)",
+                    measure(runs, quilt_tree, quilt_push))
+        ratios([quilt], rows[1], "vs git am")
+        rows[0].note += "; " + verdict(rows[0].median < quilt.median, "faster than quilt")
+        rows.append(quilt)
+    else:
+        rows.append(count_row("apply", "quilt push -a: SKIPPED (quilt not installed)", 0,
+                              "count"))
     return rows
 
 
-def write_mbox(series, path: Path) -> Path:
+def write_mbox(series: Any, path: Path) -> Path:
     parts = []
     for p in series.patches:
         text = (Path(series.root) / p.file).read_text()
@@ -119,7 +92,7 @@ def write_mbox(series, path: Path) -> Path:
     return path
 
 
-def write_quilt(series, directory: Path) -> Path:
+def write_quilt(series: Any, directory: Path) -> Path:
     directory.mkdir(parents=True)
     for p in series.patches:
         shutil.copy(Path(series.root) / p.file, directory / f"{p.name}.patch")
@@ -127,46 +100,59 @@ def write_quilt(series, directory: Path) -> Path:
     return directory
 
 
-def run(argv: list[str], cwd: Path, env: dict | None = None) -> None:
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})))
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {proc.stderr.strip()[-400:]}")
-
-
 # ---------------------------------------------------------------- CLI start
 
 def bench_cli(runs: int) -> list[Row]:
     rows = []
     for args in (["--help"], ["list"]):
-        stats = measure(runs, lambda: None, lambda _: run([sys.executable, "-m", "patchset.cli",
-                                                          *args], ROOT))
+        stats = measure(runs, lambda: None, lambda _, args=args: run(
+            [sys.executable, "-m", "patchset.cli", *args], ROOT))
         rows.append(row("cli", f"patchset {' '.join(args)}", stats,
-                        note="target < 0.3 s"))
+                        note=verdict(stats[0] < 0.3, "< 0.3 s")))
     return rows
 
 
 # ---------------------------------------------------------------- hosts
 
-def bench_hosts(series, runs: int, scratch: Path, sizes: list[int]) -> list[Row]:
+def bench_hosts(series, series_path: Path, runs: int, scratch: Path, sizes: list[int],
+                skip_audit: bool = False) -> list[Row]:
     from deploy.inventory import Host
     from deploy.ssh import SshTransport
-    from tests.hosts.nspawn import (build_base, make_client_key, start_hosts, stop_hosts,
-                                    write_known_hosts)
+    from tests.hosts.nspawn import (
+        build_base,
+        make_client_key,
+        start_hosts,
+        stop_hosts,
+        write_known_hosts,
+    )
 
     build_base()
     key = make_client_key(scratch / "keys")
     hosts = start_hosts(max(sizes), workdir=scratch / "hosts", client_key=key, prefix="bench")
-    os.environ["PATCHSET_KNOWN_HOSTS"] = str(write_known_hosts(hosts, scratch / "known_hosts"))
+    known = write_known_hosts(hosts, scratch / "known_hosts")
+    os.environ["PATCHSET_KNOWN_HOSTS"] = str(known)
     os.environ["PATCHSET_SSH_CONFIG"] = str(scratch / "empty_ssh_config")
+    os.environ["PATCHSET_HOME"] = str(scratch / "home")
     (scratch / "empty_ssh_config").write_text("")
     try:
-        return _fleet_rows(series, hosts, runs, sizes, Host, SshTransport)
+        rows = _fleet_rows(series, hosts, runs, sizes, Host, SshTransport)
+        if not skip_audit:
+            rows += _audit_rows(series, series_path, hosts, known, runs, sizes, scratch)
+        return rows
     finally:
         stop_hosts(hosts)
 
 
-def _fleet_rows(series, hosts, runs, sizes, Host, SshTransport) -> list[Row]:
+def _audit_rows(series, series_path: Path, hosts: list, known: Path, runs: int,
+                sizes: list[int], scratch: Path) -> list[Row]:
+    import audit_bench
+    audit_bench.setup_hosts(hosts[:max(sizes)], series_path, scratch)
+    return (audit_bench.bench_audit_one(series, hosts[0], known, runs)
+            + audit_bench.bench_fleet_audit(series, hosts, known, runs, sizes))
+
+
+def _fleet_rows(series: Any, hosts: list, runs: int, sizes: list[int], Host: Any,
+                SshTransport: Any) -> list[Row]:
     def transports(n: int, tier: str | None = None):
         return [SshTransport(Host(name=h.name, address=h.ip, port=h.port, user="root",
                                   identity_file=str(h.client_key)), "/opt/sglang")
@@ -179,28 +165,31 @@ def _fleet_rows(series, hosts, runs, sizes, Host, SshTransport) -> list[Row]:
     rows = []
     toggle = iter(range(10_000))
     for n in sizes:
-        def work(_):
+        def work(_: Any, n: int = n) -> None:
             chosen = full if next(toggle) % 2 == 0 else safe
             results = api.apply(series, chosen, transports(n), base_provider=provider)
             assert all(r.ok for r in results), [r.error for r in results]
         rows.append(row("fleet", f"apply to {n} host(s), alternating full/safe series",
                         measure(runs, lambda: None, work)))
-    _ratios(rows, base_index=0, label="vs 1 host (target 8 hosts < 2x)")
+    ratios(rows, rows[0], "vs 1 host")
+    if len(rows) > 1:
+        rows[-1].note += "; " + verdict(rows[-1].median <= 2 * rows[0].median,
+                                        f"{sizes[-1]} hosts <= 2x of 1")
     rows.append(_transfer_row(series, transports, full, provider))
     return rows
 
 
-def _transfer_row(series, transports, full, provider) -> Row:
+def _transfer_row(series: Any, transports: Any, full: Any, provider: Any) -> Row:
     api.apply(series, full, transports(1), base_provider=provider)
     [t] = transports(1)
     result = api.apply(series, full, [t], base_provider=provider)[0]
     assert result.ok and not result.changed
-    return Row("transfer", "bytes sent for a re-apply (base already there)", t.bytes_sent,
-               t.bytes_sent, t.bytes_sent, "bytes", f"{t.round_trips} engine command(s); "
-               "target < 64 KiB")
+    return count_row("transfer", "bytes sent for a re-apply (base already there)",
+                     t.bytes_sent, "bytes", f"{t.round_trips} engine command(s); "
+                     + verdict(t.bytes_sent < 64 * 1024, "< 64 KiB"))
 
 
-def _provider(series):
+def _provider(series: Any) -> Any:
     from patchset.basebundle import base_bundle
 
     def provide():
@@ -219,18 +208,33 @@ def machine() -> str:
                    if line.startswith("MemTotal"))) // (1024 * 1024)
     return (f"{platform.node()}: {os.cpu_count()} x {cpu}, {mem} GiB, "
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-            f"{subprocess.run(['git', '--version'], capture_output=True, text=True).stdout.strip()}")
+            f"{run(['git', '--version'], ROOT).strip()}")
 
 
-def render(rows: list[Row], runs: int) -> str:
+def fmt(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{value:.0f} B"
+    if unit == "count":
+        return f"{value:.0f}"
+    return f"{value * 1000:.1f} ms" if value < 10 else f"{value:.2f} s"
+
+
+def render(rows: list[Row], runs: int, load: str) -> str:
     out = [f"# patchset benchmarks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
-           f"Machine: {machine()}", "", f"Each figure: median of {runs} runs (min - max).", "",
+           f"Machine: {machine()}", "",
+           (f"Load average at start / end: {load} / {loadavg()} (a shared machine: other work "
+            "ran alongside, so times are noisy; min - max shows the spread)."), "",
+           (f"Each timed figure: median of {runs} runs (min - max); ratios are of medians "
+            "measured in this run. Counts and bytes do not vary between runs."), "",
            "| section | what | median | min - max | notes |", "|---|---|---|---|---|"]
     for r in rows:
-        fmt = (lambda v: f"{v:.0f} B") if r.unit == "bytes" else (lambda v: f"{v * 1000:.1f} ms")
-        out.append(f"| {r.section} | {r.what} | {fmt(r.median)} | {fmt(r.low)} - "
-                   f"{fmt(r.high)} | {r.note} |")
+        out.append(f"| {r.section} | {r.what} | {fmt(r.median, r.unit)} | "
+                   f"{fmt(r.low, r.unit)} - {fmt(r.high, r.unit)} | {r.note} |")
     return "\n".join(out) + "\n"
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
@@ -239,16 +243,20 @@ def main() -> None:
     parser.add_argument("--series", default=str(ROOT / "patches.yaml"))
     parser.add_argument("--sizes", default="1,2,4,8")
     parser.add_argument("--skip-hosts", action="store_true", help="no nspawn sections")
+    parser.add_argument("--skip-audit", action="store_true", help="no audit sections")
     parser.add_argument("-o", "--output", help="also write the table here")
     args = parser.parse_args()
+    from checkpoint_bench import bench_checkpoint
+    load = loadavg()
     series = load_series(args.series)
     base = provision(series.upstream)
     with tempfile.TemporaryDirectory(prefix="patchset-bench-") as tmp:
-        rows = bench_apply(series, base, args.runs, Path(tmp)) + bench_cli(args.runs)
+        rows = (bench_apply(series, base, args.runs, Path(tmp)) + bench_cli(args.runs)
+                + bench_checkpoint(args.runs, Path(tmp)))
         if not args.skip_hosts:
-            rows += bench_hosts(series, args.runs, Path(tmp),
-                                [int(n) for n in args.sizes.split(",")])
-    table = render(rows, args.runs)
+            rows += bench_hosts(series, Path(args.series), args.runs, Path(tmp),
+                                [int(n) for n in args.sizes.split(",")], args.skip_audit)
+    table = render(rows, args.runs, load)
     print(table)
     if args.output:
         Path(args.output).write_text(table)

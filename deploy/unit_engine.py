@@ -20,7 +20,6 @@ Ops:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -163,18 +162,11 @@ def probe(url: str, timeout: float) -> tuple[bool, str]:
 def flock(path: str, wait: float, what: str) -> Iterator[None]:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    handle.seek(0)
-                    holder = handle.read().strip() or "another process"
-                    raise EngineError(f"{what} is running ({holder}); wait for it or pass "
-                                      "--lock-wait SECONDS", "locked") from None
-                time.sleep(0.2)
+        if not engine.acquire_flock(handle, wait):
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise EngineError(f"{what} is running ({holder}); wait for it or pass "
+                              "--lock-wait SECONDS", "locked")
         handle.seek(0)
         handle.truncate()
         handle.write(f"patchset deploy, pid {os.getpid()}, since {engine._now()}\n")

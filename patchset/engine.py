@@ -211,22 +211,28 @@ class Target:
             handle.close()
 
     def _acquire(self, handle: Any, wait: float) -> None:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EngineError(f"target {self.root} is locked by {self._holder()}; "
-                                      "wait for it to finish or pass --lock-wait SECONDS",
-                                      "locked") from None
-                time.sleep(0.1)
+        if not acquire_flock(handle, wait):
+            raise EngineError(f"target {self.root} is locked by {self._holder()}; "
+                              "wait for it to finish or pass --lock-wait SECONDS", "locked")
 
     def _holder(self) -> str:
         info = read_json(self.meta / "lock.json") or {}
         return (f"patchset {info.get('op', '?')} (pid {info.get('pid', '?')} on "
                 f"{info.get('host', '?')}, since {info.get('since', '?')})")
+
+
+def acquire_flock(handle: Any, wait: float) -> bool:
+    """Take an exclusive flock, waiting up to `wait` seconds; False if still held.
+    (flock, not a lock file: a SIGKILLed holder releases it with its last descriptor.)"""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
 
 def _now() -> str:

@@ -90,7 +90,8 @@ class Fact:
         super().__init_subclass__(**kwargs)
         area = cls.__module__.rsplit(".", 1)[-1]
         cls.name = f"{area}.{cls.__name__}"
-        FACTS[cls.name] = cls
+        if not cls.__name__.startswith("_"):      # _Bases share code, are not facts
+            FACTS[cls.name] = cls
 
     def command(self, **kwargs: Any) -> Command:
         raise NotImplementedError

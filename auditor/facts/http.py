@@ -23,36 +23,32 @@ def _json_body(raw: dict) -> Any:
     return json.loads(raw.get("stdout") or "null")
 
 
-class ServerInfo(Fact):
+class _JsonEndpoint(Fact):
+    """A GET whose body is one JSON object; `paths` are tried in order (newest first)."""
+
+    paths: tuple[str, ...] = ()
+
+    def command(self, base: str = "http://127.0.0.1:30000", path: str | None = None,
+                **kwargs: Any) -> Command:
+        return Command("http", target=base.rstrip("/") + (path or self.paths[0]))
+
+    def process(self, raw: dict) -> dict:
+        body = _json_body(raw)
+        if not isinstance(body, dict):
+            raise Unavailable(f"{raw.get('command')}: not a JSON object")
+        return body
+
+
+class ServerInfo(_JsonEndpoint):
     """GET /server_info (fallback /get_server_info) -> the resolved ServerArgs + version."""
 
     paths = ("/server_info", "/get_server_info")
 
-    def command(self, base: str = "http://127.0.0.1:30000", path: str = "/server_info",
-                **kwargs: Any) -> Command:
-        return Command("http", target=base.rstrip("/") + path)
 
-    def process(self, raw: dict) -> dict:
-        body = _json_body(raw)
-        if not isinstance(body, dict):
-            raise Unavailable(f"{raw.get('command')}: not a JSON object")
-        return body
-
-
-class ModelInfo(Fact):
+class ModelInfo(_JsonEndpoint):
     """GET /model_info (fallback /get_model_info) -> model_path, is_generation, ..."""
 
     paths = ("/model_info", "/get_model_info")
-
-    def command(self, base: str = "http://127.0.0.1:30000", path: str = "/model_info",
-                **kwargs: Any) -> Command:
-        return Command("http", target=base.rstrip("/") + path)
-
-    def process(self, raw: dict) -> dict:
-        body = _json_body(raw)
-        if not isinstance(body, dict):
-            raise Unavailable(f"{raw.get('command')}: not a JSON object")
-        return body
 
 
 class Health(Fact):

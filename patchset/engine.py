@@ -654,6 +654,102 @@ def op_status(target: Target, request: dict) -> dict:
     }
 
 
+# ---------------------------------------------------------------- capture (read-only)
+
+NULL_BLOB = "0" * 40
+
+
+def op_capture(target: Target, request: dict, bundle: Path) -> dict:
+    """Hand edits on a managed tree as one full-index git diff, for `patchset capture`.
+    Read-only: the controller turns the diff into a patch; the tree stays as it is."""
+    state = target.state()
+    if state is None:
+        raise EngineError(f"target {target.root} is not managed by patchset: nothing to "
+                          "capture (apply a selection first)", "usage")
+    if target.is_git:
+        foreign = foreign_commits(target, state)
+        if foreign:
+            raise EngineError(f"target {target.root} has commits on top of the series "
+                              f"({foreign[0]}): capture takes uncommitted edits only", "usage")
+        diff, files = _capture_git(target)
+    else:
+        diff, files = _capture_plain(target, state)
+    if not files:
+        raise EngineError(f"target {target.root} has no hand edits to capture", "usage")
+    return {"target": str(target.root), "diff": diff, "files": files,
+            "applied": [a["name"] for a in state["applied"]]}
+
+
+def _capture_git(target: Target) -> tuple[str, dict]:
+    """`git diff HEAD` of tracked files; binary changes are refused (patches are text)."""
+    numstat = git(target.root, "diff", "--numstat", "--no-renames", "HEAD")
+    binary = [line.split("\t", 2)[2] for line in numstat.splitlines()
+              if line.startswith("-\t-\t")]
+    if binary:
+        raise EngineError(f"cannot capture binary changes ({', '.join(binary[:5])}): patches "
+                          "are text; restore those files first", "usage")
+    diff = git(target.root, "diff", "--full-index", "--no-color", "--no-renames", "HEAD")
+    files = {}
+    for path in git(target.root, "diff", "--name-only", "--no-renames", "HEAD").split("\n"):
+        if path:
+            _text_or_refuse(path, target.disk(path).read_bytes()
+                            if target.disk(path).is_file() else b"")
+            pre = subprocess.run(["git", "rev-parse", "--verify", "-q", f"HEAD:{path}"],
+                                 cwd=target.root, capture_output=True, env=git_env())
+            files[path] = {"pre": pre.stdout.decode().strip() or None,
+                           "post": file_blob(target.disk(path))}
+    return diff, files
+
+
+def _capture_plain(target: Target, state: dict) -> tuple[str, dict]:
+    """Managed files that differ from the state, diffed against the stored expected blob."""
+    parts, files = [], {}
+    for item in drift(target, state):
+        old = target.read_blob(item["expected"]) if item["expected"] else None
+        disk_path = target.disk(item["path"])
+        new = disk_path.read_bytes() if item["found"] else None
+        parts.append(_file_diff(item["path"], old, new, _mode(disk_path)))
+        files[item["path"]] = {"pre": item["expected"], "post": item["found"]}
+    return "".join(parts), files
+
+
+def _text_or_refuse(path: str, data: bytes) -> str:
+    try:
+        if b"\0" in data:
+            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL")
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EngineError(f"cannot capture {path}: binary or not UTF-8 (patches are "
+                          "text); restore it first", "usage") from None
+
+
+def _mode(path: Path) -> str:
+    return "100755" if path.is_file() and os.access(path, os.X_OK) else "100644"
+
+
+def _file_diff(path: str, old: bytes | None, new: bytes | None, mode: str) -> str:
+    """One file's diff in `git diff --full-index` form (git layout paths), from difflib."""
+    a = _text_or_refuse(path, old or b"").splitlines(keepends=True)
+    b = _text_or_refuse(path, new or b"").splitlines(keepends=True)
+    pre = blob_id(old) if old is not None else NULL_BLOB
+    post = blob_id(new) if new is not None else NULL_BLOB
+    out = [f"diff --git a/{path} b/{path}\n"]
+    if old is None:
+        out += [f"new file mode {mode}\n", f"index {pre}..{post}\n"]
+    elif new is None:
+        out += [f"deleted file mode {mode}\n", f"index {pre}..{post}\n"]
+    else:
+        out.append(f"index {pre}..{post} {mode}\n")
+    out.append(f"--- {'a/' + path if old is not None else '/dev/null'}\n")
+    out.append(f"+++ {'b/' + path if new is not None else '/dev/null'}\n")
+    for line in list(difflib.unified_diff(a, b, n=3, lineterm=""))[2:]:
+        if line.startswith("@@"):
+            out.append(line + "\n")
+        else:
+            out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
 # ---------------------------------------------------------------- units serving the tree
 
 UNIT_MARK = re.compile(r"^X-Patchset-(Tree|Role)=(.*)$", re.M)
@@ -826,7 +922,7 @@ def run(request: dict, bundle: str | Path = ".") -> dict:
                         request.get("package", "sglang"))
         if request["op"] == "status":
             return {"ok": True, **op_status(target, request)}
-        ops = {"apply": op_apply, "revert": op_revert}
+        ops = {"apply": op_apply, "revert": op_revert, "capture": op_capture}
         if request["op"] not in ops:
             raise EngineError(f"unknown op {request['op']!r}", "usage")
         with target.lock(float(request.get("lock_wait", 0)), request["op"]):

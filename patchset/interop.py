@@ -249,7 +249,7 @@ def _read_header(text: str, file: str) -> tuple[dict[str, str], str | None]:
     return fields, None
 
 
-def _render_header(item: Incoming, name: str, meta: ImportMeta) -> str:
+def render_header(item: Incoming, name: str, meta: ImportMeta) -> str:
     """The project's DEP-3 header: the incoming one verbatim when already complete."""
     if item.raw_header and item.header.get("Patchset-Name") == name:
         return item.raw_header
@@ -310,10 +310,10 @@ def import_patches(series: Series, items: list[Incoming], meta: ImportMeta,
     with tempfile.TemporaryDirectory(prefix="patchset-import-") as tmp:
         work = materialize(base, Path(tmp) / "tree", layout="git", progress=progress)
         for patch in series.patches:
-            _apply(work, (Path(series.root) / patch.file).read_text(encoding="utf-8"), 1,
+            apply_diff(work, (Path(series.root) / patch.file).read_text(encoding="utf-8"), 1,
                    str(Path(series.root) / patch.file), patch.name)
         built = _build_all(series, items, meta, work)
-    return _write(series, built)
+    return write_entries(series, built)
 
 
 def _check_meta(meta: ImportMeta) -> None:
@@ -343,10 +343,10 @@ def _build_all(series: Series, items: list[Incoming], meta: ImportMeta,
         before = _git_out(work, "rev-parse", "HEAD", what="scratch tree").strip()
         if not item.diff.strip():
             raise ManifestError(item.source, None, "diff", "no diff in this patch")
-        _apply(work, item.diff, item.strip, item.source, name)
+        apply_diff(work, item.diff, item.strip, item.source, name)
         body, rediffed = _body(work, before, item)
-        text = _render_header(item, name, meta) + body
-        parsed = _parse_built(text, item, series.upstream.git_prefix)
+        text = render_header(item, name, meta) + body
+        parsed = parse_built(text, item, series.upstream.git_prefix)
         depends = _in_series_order([touched[c.path] for c in parsed.files
                                     if c.path in touched], series, built)
         for change in parsed.files:
@@ -358,7 +358,7 @@ def _build_all(series: Series, items: list[Incoming], meta: ImportMeta,
     return built
 
 
-def _parse_built(text: str, item: Incoming, git_prefix: str) -> patchfile.ParsedPatch:
+def parse_built(text: str, item: Incoming, git_prefix: str) -> patchfile.ParsedPatch:
     """The project's own validation, with the error naming the incoming file or commit."""
     try:
         return patchfile.parse(text, item.source, git_prefix)
@@ -382,7 +382,7 @@ def _in_series_order(names: list[str], series: Series, built: list[_Built]) -> l
     return sorted(set(names), key=order.index)
 
 
-def _apply(work: Path, diff: str, strip: int, source: str, name: str) -> None:
+def apply_diff(work: Path, diff: str, strip: int, source: str, name: str) -> None:
     """Apply without fuzz and commit, so the next patch sees exactly this result."""
     proc = subprocess.run(["git", "apply", "--index", f"-p{strip}", "--whitespace=nowarn", "-"],
                           cwd=work, input=diff.encode(), capture_output=True, env=_git_env())
@@ -417,7 +417,7 @@ def _same_changes(diff: str, fresh: str) -> bool:
 
 # ---------------------------------------------------------------- writing
 
-def _write(series: Series, built: list[_Built]) -> ImportResult:
+def write_entries(series: Series, built: list[_Built]) -> ImportResult:
     """Validate the new manifest with the new files in a copy, then move them in."""
     from .manifest import load_series
     root = Path(series.root)

@@ -97,3 +97,20 @@ def seed() -> dict:
 
     from audit_facts import synth
     return copy.deepcopy(synth.load("seed.yaml"))
+
+
+@pytest.fixture()
+def remote_env(series_dir: Path, patchset_home: Path, monkeypatch, tmp_path: Path,
+               known_hosts_file):
+    """cwd = a series; an inventory + known_hosts for the given hosts; no user ssh config."""
+    monkeypatch.chdir(series_dir)
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text("")
+    monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(ssh_config))
+
+    from hostutil import inventory
+
+    def setup(hosts: list, **extra) -> Path:
+        monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(known_hosts_file(hosts)))
+        return inventory(series_dir / "hosts.yaml", hosts, **extra)
+    return setup

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from patchset.cli import main
 from tests.hosts.nspawn import TestHost, run_ssh
+
+TREE = "/opt/sglang"   # the managed tree on test hosts
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -39,3 +42,18 @@ def free_ports(n: int) -> list[int]:
         for s in socks:
             s.close()
     return out
+
+
+def inventory(path: Path, hosts: list[TestHost], **extra) -> Path:
+    lines = ["version: 1", f"default: {hosts[0].name}", "hosts:"]
+    for h in hosts:
+        lines += [f"  {h.name}:", f"    address: {h.ip}", f"    port: {h.port}",
+                  "    user: root", f"    identity_file: {h.client_key}", f"    tree: {TREE}"]
+        lines += [f"    {k}: {v}" for k, v in extra.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def clean_tree(host: TestHost) -> None:
+    """No tree at TREE: the next apply provisions it."""
+    on_host(host, f"rm -rf {TREE} /opt/.sglang.provisioning-*")

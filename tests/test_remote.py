@@ -10,46 +10,11 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from seriesfactory import CHAT, DSV4
 from tests.hosts.nspawn import TestHost, run_ssh
-from hostutil import cli, on_host
+from hostutil import TREE, clean_tree, cli, on_host
 
-TREE = "/opt/sglang"
-
-
-def inventory(path: Path, hosts: list[TestHost], **extra) -> Path:
-    lines = ["version: 1", f"default: {hosts[0].name}", "hosts:"]
-    for h in hosts:
-        lines += [f"  {h.name}:", f"    address: {h.ip}", f"    port: {h.port}",
-                  "    user: root", f"    identity_file: {h.client_key}", f"    tree: {TREE}"]
-        lines += [f"    {k}: {v}" for k, v in extra.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.fixture()
-def remote_env(series_dir: Path, patchset_home: Path, monkeypatch, tmp_path: Path,
-               known_hosts_file):
-    """cwd = a series; an inventory + known_hosts for the given hosts; no user ssh config."""
-    monkeypatch.chdir(series_dir)
-    ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text("")
-    monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(ssh_config))
-
-    def setup(hosts: list[TestHost], **extra) -> Path:
-        monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(known_hosts_file(hosts)))
-        return inventory(series_dir / "hosts.yaml", hosts, **extra)
-    return setup
-
-
-
-
-
-
-def clean_tree(host: TestHost) -> None:
-    on_host(host, f"rm -rf {TREE} /opt/.sglang.provisioning-*")
 
 
 def test_apply_status_revert_over_ssh(one_host: TestHost, remote_env, capsys) -> None:

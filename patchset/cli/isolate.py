@@ -1,5 +1,6 @@
 """Isolation tools: context-fidelity probes against a live endpoint, and quilt/git interop
-(export the series for other tools, import patches authored elsewhere)."""
+(export the series for other tools, import patches authored elsewhere, capture hand edits
+from a host)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import typer
 
 from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE, UsageError
 from .app import (
+    AcceptNewOpt,
     InventoryOpt,
     JsonOpt,
+    LockWaitOpt,
     RichProgress,
     SeriesOpt,
+    TargetOpt,
     app,
     emit_json,
     load,
+    resolver_for,
     say,
     term,
 )
@@ -117,3 +122,41 @@ def import_cmd(rev_range: Optional[str] = typer.Argument(None, help="BASE..HEAD 
             deps = f" (depends: {', '.join(p.depends)})" if p.depends else ""
             term().print(f"{p.name}  {p.file}  from {p.source}{deps}", markup=False)
         say(f"imported {len(result.patches)} patch(es) into {result.manifest}")
+
+
+# ---------------------------------------------------------------- capture
+
+@app.command()
+def capture(host: str = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                       "localhost"),
+            name: str = typer.Argument(..., help="the new patch's name ([a-z0-9-], new)"),
+            tier: str = typer.Option("risky", "--tier", help="tier of the new patch"),
+            path: str = typer.Option("both", "--path", help="path of the new patch"),
+            summary: Optional[str] = typer.Option(None, "--summary", help="one-line summary "
+                                                  "(also the DEP-3 Description)"),
+            author: Optional[str] = typer.Option(None, "--author", help="DEP-3 Author: "
+                                                 "'Name <email>' (required)"),
+            target: Optional[Path] = TargetOpt, lock_wait: float = LockWaitOpt,
+            offline: bool = typer.Option(False, "--offline", help="never touch the network"),
+            inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
+            as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Turn hand edits on a host's managed tree into a new patch at the end of the series;
+    the host is only read. Checked on the pin + series before anything is written."""
+    from dataclasses import asdict
+
+    from ..capture import CaptureMeta, capture as do_capture, check_meta
+    s = load(series)
+    meta = CaptureMeta(name=name, tier=tier, path=path, summary=summary, author=author)
+    check_meta(s, meta)
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        transport = resolver.transport(host, provision_local=False)
+        result = do_capture(s, transport, meta, progress=RichProgress(), offline=offline,
+                            lock_wait=lock_wait)
+    if as_json:
+        emit_json(asdict(result))
+    else:
+        deps = f" (depends: {', '.join(result.depends)})" if result.depends else ""
+        term().print(f"{result.name}  {result.file}  from {result.host}:{result.target}{deps}",
+                     markup=False)
+        say(f"captured {len(result.files)} file(s) into {result.manifest}; {result.host} "
+            "was not changed")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import random
 import socket
 from pathlib import Path
 
@@ -57,3 +59,23 @@ def inventory(path: Path, hosts: list[TestHost], **extra) -> Path:
 def clean_tree(host: TestHost) -> None:
     """No tree at TREE: the next apply provisions it."""
     on_host(host, f"rm -rf {TREE} /opt/.sglang.provisioning-*")
+
+
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback port in 31000-31999, free now (and the next one too: a prefill stand-in
+    also binds port + 1), never handed out twice in this test session."""
+    for _ in range(500):
+        port = random.randint(31000, 31998)
+        if {port, port + 1} & _handed_out:
+            continue
+        with contextlib.closing(socket.socket()) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.update((port, port + 1))
+        return port
+    raise RuntimeError("no free port in 31000-31999")

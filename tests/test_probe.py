@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,27 +16,12 @@ from typing import Iterator
 import pytest
 
 from patchset.cli import main
+from hostutil import free_port
 from tests.standin.install import install_standin_local
 
 MODEL = "/models/DeepSeek-V4-Flash"
 SECRET = "sk-probe-secret-123"
-_handed_out: set[int] = set()
 
-
-def free_port() -> int:
-    """A loopback port in 31500-31999 (this file's share), free now, not handed out before."""
-    for _ in range(500):
-        port = random.randint(31500, 31999)
-        if port in _handed_out:
-            continue
-        with contextlib.closing(socket.socket()) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free port in 31500-31999")
 
 
 def wait_health(url: str, proc: subprocess.Popen, timeout: float = 20) -> None:

@@ -13,11 +13,9 @@ import ast
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.hosts.nspawn import TestHost
+from hostutil import free_port
 from tests.standin.install import PAYLOAD, install_standin, install_standin_local
 
 if str(PAYLOAD) not in sys.path:
@@ -43,23 +42,7 @@ TOKEN = "ZEBRA-42"
 
 # ---------------------------------------------------------------- helpers
 
-_handed_out: set[int] = set()
 
-
-def free_port() -> int:
-    """A loopback port in 31000-31999 that is free now and not handed out before."""
-    for _ in range(500):
-        port = random.randint(31000, 31999)
-        if port in _handed_out or port + 1 in _handed_out:
-            continue
-        with contextlib.closing(socket.socket()) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free port in 31000-31999")
 
 
 def http(method: str, url: str, body: Any = None, headers: dict | None = None,

@@ -1,9 +1,12 @@
 """The audit as one library call: gather on every host (in parallel, one round trip each),
-parse, evaluate patch states, run the checks, rank a symptom, return a Report."""
+run the fidelity probes against its endpoint when asked, parse, evaluate patch states,
+run the checks, rank a symptom, return a Report."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from patchset import __version__
@@ -14,12 +17,27 @@ from patchset.model import Series
 from . import hostfacts, remote
 from . import policy as policy_mod
 from .checks import AuditContext, run_all
-from .model import HostFacts, HostReport, Report
-from .rank import Access, rank
+from .model import Evidence, Finding, HostFacts, HostReport, Report
+from .probe import EVIDENCE as PROBE_EVIDENCE
+from .probe import FidelityReport, FidelitySpec, fidelity, not_run
+from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"          # 1.1: hosts[].probes and probe[...] findings
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
+PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
+PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
+
+
+@dataclass
+class ProbePlan:
+    """What `audit --probe` asked for: the probes (`spec`, its endpoint left empty) and
+    the endpoint of each host the inventory gives one (router, else decode port: as
+    `patchset probe HOST`); other hosts are probed where their facts say a client's
+    request enters (rank.entry_url, the URL the symptom's probe step names)."""
+
+    spec: FidelitySpec
+    urls: dict[str, str] = field(default_factory=dict)
 
 
 def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
@@ -30,20 +48,71 @@ def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
 
 
 def collect(series: Series, transports: list[Any], pol: policy_mod.Policy) -> list[HostFacts]:
+    return [f for f, _ in _collect(series, transports, pol, None, Access())]
+
+
+def _collect(series: Series, transports: list[Any], pol: policy_mod.Policy,
+             probes: ProbePlan | None, access: Access
+             ) -> list[tuple[HostFacts, FidelityReport | None]]:
+    """Facts of every host in parallel; each host's probes run right after its facts
+    (they need them to find its endpoint), so a slow probe never holds up another host."""
     request = gather_request(series, pol)
 
-    def one(transport: Any) -> HostFacts:
+    def one(transport: Any) -> tuple[HostFacts, FidelityReport | None]:
         try:
             result = remote.gather_on(transport, request)
         except HostUnreachable as exc:
-            return HostFacts(host=transport.host, reachable=False, error=str(exc))
-        return hostfacts.build(transport.host, result)
+            return HostFacts(host=transport.host, reachable=False, error=str(exc)), None
+        facts = hostfacts.build(transport.host, result)
+        return facts, probe_host(facts, probes, access) if probes else None
     return on_hosts(transports, one)
 
 
+def probe_host(facts: HostFacts, plan: ProbePlan, access: Access) -> FidelityReport | None:
+    """The plan's probes against this host's endpoint; none for a host whose facts could
+    not be gathered (that is already the finding, and its server is likely down too)."""
+    if not facts.reachable or facts.error:
+        return None
+    url = plan.urls.get(facts.host)
+    if url is None:
+        found = entry_url(facts, access.addresses.get(facts.host))
+        url = found[1] if found else None
+    if url is None:
+        return not_run(plan.spec, facts.host, "no endpoint to probe: the inventory gives "
+                       f"{facts.host} no router or decode port and no SGLang server runs "
+                       "there")
+    return fidelity(dataclasses.replace(plan.spec, url=url, host=facts.host))
+
+
+def probe_findings(host: str, run: FidelityReport) -> list[Finding]:
+    """One finding per probe, so a failed probe counts like a failing check (summary, exit
+    code, every renderer); its evidence is the probe's whole record, the same record
+    `patchset probe --json` prints. An endpoint that could not be reached is `unknown`:
+    the context was not tested (server-health says why the server is down)."""
+    out = []
+    for r in run.results:
+        status = "pass" if r.ok else "unknown" if r.unreachable else "fail"
+        out.append(Finding(
+            id=f"{PROBE_CHECK}[{r.probe}]", host=host, subject=f"{r.name} {r.url}".strip(),
+            expected=r.expected or "a chat completion", found=r.error or r.answer,
+            status=status, severity=PROBE_SEVERITY, message=r.reason,
+            evidence=(Evidence(PROBE_EVIDENCE, dataclasses.asdict(r),
+                               f"POST {r.url}/v1/chat/completions" if r.url else None,
+                               None, r.latency_ms),)))
+    return out
+
+
+def probe_records(host: HostReport) -> list[dict]:
+    """The probe records of a host (the `probes` list of the report), from its findings."""
+    return [dict(ev.value) for f in host.findings if f.id.startswith(PROBE_CHECK + "[")
+            for ev in f.evidence if ev.what == PROBE_EVIDENCE]
+
+
 def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
-             access: Access | None = None, pol: policy_mod.Policy | None = None) -> Report:
-    """Everything after gathering: pure, so tests feed it fixture facts directly."""
+             access: Access | None = None, pol: policy_mod.Policy | None = None,
+             probes: dict[str, FidelityReport] | None = None) -> Report:
+    """Everything after gathering: pure, so tests feed it fixture facts (and probe
+    results) directly. Probe findings go in before ranking, which reads them."""
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)              # a bad symptom is bad input, before any work
@@ -52,6 +121,9 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
              for f in facts]
     ctx = AuditContext(series, pol, hosts)
     run_all(ctx)
+    for h in hosts:
+        if probes and h.host in probes:
+            h.findings += probe_findings(h.host, probes[h.host])
     report = Report(schema_version=SCHEMA_VERSION, tool_version=__version__,
                     generated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     series={"manifest": series.manifest, "upstream": {
@@ -64,11 +136,14 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
 
 
 def audit(series: Series, transports: list[Any], symptom: str | None = None,
-          access: Access | None = None, pol: policy_mod.Policy | None = None) -> Report:
+          access: Access | None = None, pol: policy_mod.Policy | None = None,
+          probes: ProbePlan | None = None) -> Report:
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
-    return evaluate(series, collect(series, transports, pol), symptom, access, pol)
+    gathered = _collect(series, transports, pol, probes, access or Access())
+    runs = {f.host: run for f, run in gathered if run is not None}
+    return evaluate(series, [f for f, _ in gathered], symptom, access, pol, runs)
 
 
 def exit_code(report: Report) -> int:

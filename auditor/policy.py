@@ -77,7 +77,7 @@ class Symptom:
     tier: dict[str, float]
     hazard: float
     checks: dict[str, float]
-    probe: dict[str, str]
+    probe: dict[str, Any]            # command, why, reproduced_by (a list)
 
 
 @dataclass(frozen=True)

@@ -101,12 +101,15 @@ DEFAULT_SIZES = (8192, 16384, 32768)
 WORDS_PER_TOKEN = 0.75      # English prose: a real tokenizer gives >= 1 token per word
 SEEN_FLOOR = 0.9            # usage.prompt_tokens below this share of the words sent = cut
 ANSWER_TOKENS = 512         # room for a reasoning model to think before it answers
+ANSWER_CHARS = 200          # kept of an answer: the token fits, a runaway reply does not
+ERROR_CHARS = 300           # kept of an HTTP error body or transport error
 RECALL_FILLER_TURNS = 6
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
 QUESTION = "What was the token I gave you in turn 1? Answer with the token only."
+EVIDENCE = "fidelity probe"   # `what` of the evidence that carries a record in an audit report
 
 
 @dataclass
@@ -127,6 +130,7 @@ class ProbeResult:
     tools: bool = False           # tool definitions were in the request
     error: str | None = None
     unreachable: bool = False
+    url: str = ""                 # the endpoint it was sent to (audit reports mix hosts)
 
 
 @dataclass
@@ -161,8 +165,9 @@ class FidelityReport:
                 "unreachable": self.unreachable, "results": [asdict(r) for r in self.results]}
 
 
-def parse_sizes(text: str | None) -> tuple[int, ...]:
-    """`8k,16k,32k` -> token counts (k = 1024: context windows are powers of two)."""
+def parse_sizes(text: str | None, option: str = "--sizes") -> tuple[int, ...]:
+    """`8k,16k,32k` -> token counts (k = 1024: context windows are powers of two).
+    `option` names the flag in the error (`patchset audit` calls it --probe-sizes)."""
     from patchset.errors import UsageError
     if not text:
         return DEFAULT_SIZES
@@ -170,17 +175,19 @@ def parse_sizes(text: str | None) -> tuple[int, ...]:
     for item in text.replace(" ", "").split(","):
         number = item[:-1] if item.lower().endswith("k") else item
         if not number.isdigit() or int(number) <= 0:
-            raise UsageError(f"--sizes {text!r}: {item!r} is not a size like 8k or 8192")
+            raise UsageError(f"{option} {text!r}: {item!r} is not a size like 8k or 8192")
         sizes.append(int(number) * (1024 if number != item else 1))
     return tuple(sizes)
 
 
-def parse_kinds(kind: str | None) -> tuple[str, ...]:
+def parse_kinds(kind: str | None, option: str = "--kind") -> tuple[str, ...]:
+    """One kind, or `all` (and no value) for every kind."""
     from patchset.errors import UsageError
-    if kind is None:
+    if kind is None or kind == "all":
         return FIDELITY_KINDS
     if kind not in FIDELITY_KINDS:
-        raise UsageError(f"--kind {kind!r}: expected one of {', '.join(FIDELITY_KINDS)}")
+        raise UsageError(f"{option} {kind!r}: expected one of "
+                         f"{', '.join(FIDELITY_KINDS + ('all',))}")
     return (kind,)
 
 
@@ -188,14 +195,34 @@ def fidelity(spec: FidelitySpec) -> FidelityReport:
     """Resolve the endpoint and key, run the asked probes; failures are results, not
     exceptions, so one report always comes back (bad input is a UsageError)."""
     url = spec.url.rstrip("/") if spec.url else endpoint(spec.host, spec.inventory)
-    key = _api_key(spec.api_key_env)
+    key = api_key(spec.api_key_env)
     report = FidelityReport(url=url, host=spec.host)
+    for probe, args in planned(spec):
+        report.results.append(_guarded(probe, url, key, spec.timeout, *args))
+    return report
+
+
+def planned(spec: FidelitySpec) -> list[tuple[Any, tuple]]:
+    """The probes `spec` asks for, in report order: (probe function, its size args)."""
+    out: list[tuple[Any, tuple]] = []
     for kind in spec.kinds:
         if kind == "recall":
-            report.results.append(_guarded(recall, url, key, spec.timeout))
+            out.append((recall, ()))
         else:
-            for size in spec.sizes:
-                report.results.append(_guarded(needle_at, url, key, spec.timeout, size))
+            out += [(needle_at, (size,)) for size in spec.sizes]
+    return out
+
+
+def not_run(spec: FidelitySpec, host: str | None, reason: str) -> FidelityReport:
+    """Every probe `spec` asks for, as a result that could not be sent (no endpoint to
+    send it to): the audit still lists each probe, with why it has no verdict."""
+    report = FidelityReport(url="", host=host)
+    for probe, args in planned(spec):
+        name = _probe_name(probe, args)
+        report.results.append(ProbeResult(probe=name.split("@")[0], name=name, ok=False,
+                                          reason=reason, expected="", error=reason,
+                                          unreachable=True,
+                                          size_tokens=args[0] if args else None))
     return report
 
 
@@ -209,18 +236,28 @@ def endpoint(host: str | None, inventory: str | None) -> str:
     if host not in inv.hosts:
         raise UsageError(f"probe: {host!r} is not in the inventory "
                          f"({inv.path or 'no hosts.yaml'}); use --url for other servers")
-    entry = inv.hosts[host]
+    url = role_url(inv.hosts[host])
+    if url is None:
+        raise UsageError(f"probe: hosts.{host}.roles has no router or decode port; "
+                         "add one or use --url")
+    return url
+
+
+def role_url(entry: Any) -> str | None:
+    """`http://ADDRESS:PORT` of an inventory host's router role, else its decode role;
+    None when neither declares a port (`patchset audit --probe` then asks the facts)."""
     for role in ("router", "decode"):
         port = (entry.roles.get(role) or {}).get("port")
         if port:
             address = "127.0.0.1" if entry.address in ("localhost", "local") else entry.address
             address = f"[{address}]" if ":" in address else address
             return f"http://{address}:{port}"
-    raise UsageError(f"probe: hosts.{host}.roles has no router or decode port; "
-                     "add one or use --url")
+    return None
 
 
-def _api_key(name: str | None) -> str | None:
+def api_key(name: str | None) -> str | None:
+    """The key in environment variable `name` (a UsageError when it is not set, so a
+    typo fails before any probe is sent)."""
     from patchset.errors import UsageError
     if not name:
         return None
@@ -240,18 +277,22 @@ def _guarded(probe, url: str, key: str | None, timeout: float, *args: Any) -> Pr
         error, unreachable = f"cannot reach {url}: {getattr(exc, 'reason', exc)}", True
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         error, unreachable = f"not an OpenAI chat completion: {exc}", False
-    name = probe.__name__.replace("needle_at", "needle")
-    if args:
-        name += f"@{_size_label(args[0])}"
-    error = _redact(error, key)
+    name = _probe_name(probe, args)
+    error = _clip(_redact(error, key), ERROR_CHARS)
     return ProbeResult(probe=name.split("@")[0], name=name, ok=False, reason=error,
                        expected="", error=error, unreachable=unreachable,
-                       size_tokens=args[0] if args else None)
+                       size_tokens=args[0] if args else None, url=url)
+
+
+def _probe_name(probe: Any, args: tuple) -> str:
+    name = probe.__name__.replace("needle_at", "needle")
+    return name + (f"@{size_label(args[0])}" if args else "")
 
 
 def _body(exc: urllib.error.HTTPError) -> str:
+    """Enough of the body to redact a key in it whole before it is clipped for show."""
     try:
-        return exc.read()[:200].decode("utf-8", "replace").replace("\n", " ")
+        return exc.read()[:4096].decode("utf-8", "replace").replace("\n", " ")
     except OSError:
         return str(exc.reason)
 
@@ -260,7 +301,13 @@ def _redact(text: str, key: str | None) -> str:
     return text.replace(key, "<redacted>") if key else text
 
 
-def _size_label(size: int) -> str:
+def _clip(text: str, limit: int) -> str:
+    """Clip after redacting (a key cut in half by the clip would no longer match)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def size_label(size: int) -> str:
+    """8192 -> `8k`, as the sizes are written on the command line."""
     return f"{size // 1024}k" if size % 1024 == 0 else str(size)
 
 
@@ -277,7 +324,7 @@ def needle_at(url: str, key: str | None, timeout: float, size: int) -> ProbeResu
     last: a server that cuts or windows the context loses the start first."""
     token = "NEEDLE-" + secrets.token_hex(4).upper()
     messages = needle_messages(token, size)
-    return _ask("needle", f"needle@{_size_label(size)}", url, key, timeout, token, messages,
+    return _ask("needle", f"needle@{size_label(size)}", url, key, timeout, token, messages,
                 size, tools=False)
 
 
@@ -327,9 +374,9 @@ def _ask(probe: str, name: str, url: str, key: str | None, timeout: float, token
     seen = (reply.get("usage") or {}).get("prompt_tokens")
     ok, reason = _verdict(token, answer, reasoning, sent, seen)
     return ProbeResult(probe=probe, name=name, ok=ok, reason=reason, expected=token,
-                       answer=_redact(answer[:200], key), size_tokens=size, words_sent=sent,
-                       prompt_tokens=seen, latency_ms=latency,
-                       turns=sum(m["role"] == "user" for m in messages), tools=tools)
+                       answer=_clip(_redact(answer, key), ANSWER_CHARS), size_tokens=size,
+                       words_sent=sent, prompt_tokens=seen, latency_ms=latency,
+                       turns=sum(m["role"] == "user" for m in messages), tools=tools, url=url)
 
 
 def _verdict(token: str, answer: str, reasoning: str, sent: int,

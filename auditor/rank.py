@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from patchset.model import Patch
 
 from .checks.base import AuditContext
-from .facttable import role
+from .facttable import Context, role
 from .model import (
     ROLE_PATHS,
     Finding,
+    HostFacts,
     HostReport,
     PatchState,
     Step,
@@ -244,36 +245,70 @@ def _remedies(ctx: AuditContext, check_id: str, host_name: str, findings: list[F
 
 def _next_steps(ctx: AuditContext, symptom: Symptom, suspects: tuple[Suspect, ...],
                 access: Access) -> tuple[Step, ...]:
-    if not suspects:
+    probed = _probe_findings(ctx, symptom)
+    reproduced = [f for f in probed if f.status == "fail"]
+    if not suspects and not reproduced:
         return ()
-    floor = suspects[0].score * ctx.policy.next_steps_fraction
+    floor = suspects[0].score * ctx.policy.next_steps_fraction if suspects else 0.0
     ordered = sorted(((step.cost, -s.score, s.rank, step) for s in suspects
                       if s.score >= floor for step in s.steps), key=lambda t: t[:3])
     steps = _dedupe([t[3] for t in ordered])
     if symptom.probe:
-        url = _probe_url(ctx, access)
+        url = _probed_url(reproduced or probed) or _probe_url(ctx, access)
         steps.append(Step(3, "probe", symptom.probe.get("title", "probe"),
                           symptom.probe.get("command", "").format(url=shlex.quote(url)),
-                          "run before and after each step above and compare"))
+                          _probe_why(probed, reproduced)))
     return tuple(steps)
 
 
+def _probe_findings(ctx: AuditContext, symptom: Symptom) -> list[Finding]:
+    """Findings of the audit's own probes that bear on the symptom (`probe.reproduced_by`
+    in symptoms.yaml); a failed one reproduced it."""
+    ids = symptom.probe.get("reproduced_by") or ()
+    return [f for h in ctx.hosts for f in h.findings if f.id in ids]
+
+
+def _probed_url(findings: list[Finding]) -> str | None:
+    """The endpoint the audit's probes were sent to, so the probe step repeats them."""
+    return next((ev.value["url"] for f in findings for ev in f.evidence
+                 if isinstance(ev.value, dict) and ev.value.get("url")), None)
+
+
+def _probe_why(probed: list[Finding], reproduced: list[Finding]) -> str:
+    """Whether this audit's probes already reproduced the symptom, so the probe step says
+    so: a failing probe is evidence that corroborates the suspects, not a suspect."""
+    compare = "run before and after each step above and compare"
+    if reproduced:
+        shown = "; ".join(f"{f.subject} on {f.host}: {f.message}" for f in reproduced[:3])
+        more = f" (and {len(reproduced) - 3} more)" if len(reproduced) > 3 else ""
+        return f"reproduced by this audit's probes: {shown}{more}; {compare}"
+    if probed and all(f.status == "pass" for f in probed):
+        return f"not reproduced: this audit's {len(probed)} probe(s) passed; {compare}"
+    return compare
+
+
 def _probe_url(ctx: AuditContext, access: Access) -> str:
-    """Where a client's request enters: a server without P/D, else the prefill server
-    (the gatherer saw it on the host's loopback; from here it is the host's address)."""
+    """Where a client's request enters, over all hosts (the first host's, on a tie)."""
+    found = [url for host in ctx.hosts
+             if (url := entry_url(host.facts, access.addresses.get(host.host)))]
+    return min(found, key=lambda t: t[0])[1] if found else "http://HOST:PORT"
+
+
+def entry_url(facts: HostFacts, address: str | None = None) -> tuple[int, str] | None:
+    """(preference, URL) where a client's request enters this host: a server without P/D,
+    else the prefill server, else the decode server (the gatherer saw it on the host's
+    loopback; from here it is the host's `address`). `patchset audit --probe` sends its
+    probes here when the inventory names no router or decode port."""
     order = {"null": 0, "prefill": 1, "decode": 2}
     best: tuple[int, str] | None = None
-    for host in ctx.hosts:
-        for server in host.facts.sglang_servers:
-            r = role(ctx.context(host, server))
-            key = order.get(str(r.value), 9)
-            url = server.base_url or ""
-            address = access.addresses.get(host.host)
-            if address and url:
-                url = url.replace("127.0.0.1", address, 1)
-            if url and (best is None or key < best[0]):
-                best = (key, url)
-    return best[1] if best else "http://HOST:PORT"
+    for server in facts.sglang_servers:
+        key = order.get(str(role(Context(facts, server)).value), 9)
+        url = server.base_url or ""
+        if address and url:
+            url = url.replace("127.0.0.1", address, 1)
+        if url and (best is None or key < best[0]):
+            best = (key, url)
+    return best
 
 
 def _dedupe(steps: list[Step]) -> list[Step]:

@@ -69,7 +69,9 @@ def summary(report: Report) -> dict:
 
 
 def to_dict(report: Report) -> dict:
-    """The report as JSON data (schema `patchset-audit-report`), secrets redacted."""
+    """The report as JSON data (schema `patchset-audit-report`), secrets redacted. A
+    host's `probes` are the records its probe findings carry (one source, two views)."""
+    from .api import probe_records
     data = {
         "schema": SCHEMA_ID, "schema_version": report.schema_version,
         "tool_version": report.tool_version, "generated": report.generated,
@@ -77,7 +79,8 @@ def to_dict(report: Report) -> dict:
         "hosts": [{"host": h.host, "reachable": h.facts.reachable, "error": h.facts.error,
                    "hostname": h.facts.hostname, "gather_ms": h.facts.duration_ms,
                    "facts": _facts(h.facts),
-                   "states": [dataclasses.asdict(s) for s in h.states]}
+                   "states": [dataclasses.asdict(s) for s in h.states],
+                   "probes": probe_records(h)}
                   for h in report.hosts],
         "findings": [dataclasses.asdict(f) for f in sorted_findings(report.findings)],
         "symptom": dataclasses.asdict(report.symptom) if report.symptom else None,

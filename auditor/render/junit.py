@@ -1,7 +1,8 @@
 """JUnit XML: one <testsuite> per host, one <testcase> per check finding.
 
 fail -> <failure>, warn -> <failure type="warning">, unknown -> <skipped> (the reason),
-an unreachable host -> a single <error> testcase. Evidence goes to <system-out>.
+an unreachable host -> a single <error> testcase. Evidence goes to <system-out>. A probe
+finding (probe[recall], probe[needle]) is a testcase like a check, timed by its request.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def render(data: dict) -> str:
         for f in findings.get(host["host"], []):
             counts["tests"] += 1
             case = ET.SubElement(suite, "testcase", classname=f["id"], name=f["subject"])
+            probe = view.probe_of(f)
+            if probe is not None:
+                case.set("time", f"{probe['latency_ms'] / 1000:.3f}")
             text = (f"expected {view.short(f['expected'], 200)}, found "
                     f"{view.short(f['found'], 200)}" + (f": {f['message']}" if f["message"]
                                                         else ""))

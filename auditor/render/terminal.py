@@ -1,15 +1,20 @@
 """The terminal view (rich): suspects and next steps first, then per host the servers,
-the patch x server state matrix and the checks that did not pass. Plain when piped."""
+the patch x server state matrix, the fidelity probes (--probe) and the checks that did
+not pass. Plain when piped."""
 
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 from . import view
 
-STYLE = {"fail": "bold red", "warn": "yellow", "unknown": "magenta", "pass": "green",
-         "active": "green", "inert": "dim", "gated-off": "dim", "not-applied": "dim",
-         "drifted": "bold red"}
+if TYPE_CHECKING:
+    from rich.console import Console
+
+STYLE = {"fail": "bold red", "FAIL": "bold red", "warn": "yellow", "unknown": "magenta",
+         "pass": "green", "active": "green", "inert": "dim", "gated-off": "dim",
+         "not-applied": "dim", "drifted": "bold red"}
 
 
 def _tag(text: str) -> str:
@@ -47,6 +52,8 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
         for i, step in enumerate(sym["next_steps"], 1):
             console.print(f" {i}. {escape(step['title'])} [dim](cost {step['cost']}, "
                           f"{step['kind']})[/dim]")
+            if step["why"]:
+                console.print(f"    [dim]{escape(step['why'])}[/dim]", soft_wrap=True)
             if step["command"]:
                 console.print(f"    [cyan]{escape(step['command'])}[/cyan]", soft_wrap=True)
     findings = view.findings_by_host(data)
@@ -74,6 +81,7 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
                 states.add_row(row["patch"], *(_tag(row["cells"].get(col, "-"))
                                                for col in columns))
             console.print(states)
+            _probes(console, host)
         bad = [f for f in findings.get(host["host"], []) if f["status"] != "pass"]
         passed = len(findings.get(host["host"], [])) - len(bad)
         if bad:
@@ -89,3 +97,21 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
             console.print(checks)
         console.print(f"  {passed} check(s) passed" + ("" if bad else ", none failed"))
     return buffer.getvalue()
+
+
+def _probes(console: Console, host: dict) -> None:
+    """The host's fidelity probes, every one (a pass is evidence too)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = view.probes(host)
+    if not rows:
+        return
+    table = Table(title="fidelity probes", title_justify="left", expand=True)
+    for col in ("result", "probe", "size", "prompt", "latency", "answer", "why"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(_tag(r["mark"]), escape(r["name"]), r["size"],
+                      f"{r['sent']} words sent, {r['seen']} seen", r["latency"],
+                      escape(r["answer"]), escape(r["reason"]))
+    console.print(table)

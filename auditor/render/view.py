@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..probe import EVIDENCE as PROBE_EVIDENCE
+from ..probe import size_label
+
 STATE_ORDER = ("active", "unknown", "drifted", "inert", "gated-off", "not-applied")
 
 
@@ -103,6 +106,45 @@ def findings_by_host(data: dict) -> dict[str, list[dict]]:
 
 
 def evidence_line(ev: dict) -> str:
+    if ev["what"] == PROBE_EVIDENCE and isinstance(ev["value"], dict):
+        return f"{ev['what']}: {probe_line(ev['value'])}"
     where = f" [{ev['command']} -> exit {ev['exit_code']}, {ev['duration_ms']} ms]" \
         if ev.get("command") else ""
     return f"{ev['what']}: {short(ev['value'], 120)}{where}"
+
+
+# ---------------------------------------------------------------- fidelity probes
+
+def probe_status(record: dict) -> str:
+    """The status of the probe's finding: an endpoint not reached is not a verdict."""
+    return "pass" if record["ok"] else "unknown" if record["unreachable"] else "fail"
+
+
+def probe_row(record: dict) -> dict:
+    """One probe as every renderer shows it (the same words as `patchset probe`)."""
+    status = probe_status(record)
+    seen = "-" if record["prompt_tokens"] is None else str(record["prompt_tokens"])
+    size = record["size_tokens"]
+    return {"status": status, "mark": {"pass": "pass", "fail": "FAIL"}.get(status, status),
+            "name": record["name"], "size": size_label(size) if size else "-",
+            "sent": record["words_sent"], "seen": seen,
+            "prompt": f"sent {record['words_sent']} words, server saw {seen} tokens",
+            "latency": f"{record['latency_ms']:.0f} ms", "url": record["url"] or "-",
+            "answer": short(record["answer"], 60) if record["answer"] else "-",
+            "reason": record["reason"]}
+
+
+def probes(host: dict) -> list[dict]:
+    return [probe_row(r) for r in host.get("probes") or []]
+
+
+def probe_line(record: dict) -> str:
+    row = probe_row(record)
+    return (f"{row['mark']} {row['name']} at {row['url']}: {row['prompt']}, {row['latency']}, "
+            f"answer {row['answer']!r}: {row['reason']}")
+
+
+def probe_of(finding: dict) -> dict | None:
+    """The probe record a finding carries as evidence (probe[...] findings), else None."""
+    return next((ev["value"] for ev in finding["evidence"] if ev["what"] == PROBE_EVIDENCE
+                 and isinstance(ev["value"], dict)), None)

@@ -24,17 +24,31 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                                   "| junit"),
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the "
                                                 "report to FILE instead of stdout"),
+          probe: Optional[str] = typer.Option(None, "--probe", help="also run context-"
+                                              "fidelity probes against each host's endpoint: "
+                                              "recall | needle | all"),
+          probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle "
+                                                    "prompt sizes in tokens [8k,16k,32k]"),
+          api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
+                                                    "endpoint's API key from this "
+                                                    "environment variable"),
+          probe_timeout: float = typer.Option(600.0, "--probe-timeout", help="seconds per "
+                                              "probe request"),
           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
           accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Gather live facts (one round trip per host), give every patch its effective state,
-    run the checks, rank suspects for a symptom. Exit 0 clean, 1 findings, 3 unreachable."""
+    run the checks (and with --probe the fidelity probes of `patchset probe`), rank
+    suspects for a symptom. Exit 0 clean, 1 findings (a failed probe too), 3 unreachable."""
     from auditor import cli_support
     from auditor.render import render
     s = load(series)
     cli_support.check_format(fmt)
     with resolver_for(s, inventory, target, accept_new) as resolver:
+        plan = cli_support.probe_plan(probe, probe_sizes, api_key_env, probe_timeout,
+                                      resolver.inventory, hosts)
         transports = [cli_support.transport(resolver, h) for h in hosts]
-        report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts)
+        report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
+                                             plan)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:

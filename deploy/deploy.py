@@ -31,6 +31,7 @@ from typing import Any, Callable
 from patchset import __version__, engine
 from patchset.errors import (
     EXIT_BAD_INPUT,
+    BisectPending,
     EXIT_FAILED,
     PatchsetError,
     TargetError,
@@ -237,11 +238,14 @@ def select_roles(host: Any, roles: list[str] | None) -> list[str]:
 def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
            dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
            on_event: EventSink | None = None, git_prefix: str = "python/",
-           package: str = "sglang", source: str = "hosts.yaml") -> DeployResult:
+           package: str = "sglang", source: str = "hosts.yaml", bisect: str | None = None,
+           gates_off: frozenset[str] = frozenset()) -> DeployResult:
     """Render, diff, verify, install, restart in order and wait for /health (or roll back).
 
     Bad settings raise UsageError before the host is contacted; an unreachable host
-    raises HostUnreachable; everything the host refuses or fails is in the result."""
+    raises HostUnreachable; an unfinished bisect there raises BisectPending; everything
+    the host refuses or fails is in the result. `gates_off` (a bisect step, id `bisect`)
+    renders those applied patches without their gate, so their code path is not taken."""
     chosen = select_roles(host, roles)
     # Everything that can be checked without the host is checked first (exit 2).
     units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix), source=source)
@@ -252,7 +256,14 @@ def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
         raise TargetError(f"{host.name}: no SGLang tree at {tree}: run `patchset apply` there "
                           "first (the units serve that tree)")
     t = facts["tree"]
-    state = {"applied": t["applied"]} if t["managed"] else None
+    pending = t.get("bisect")
+    if pending and pending.get("id") != bisect and not dry_run:
+        exc = BisectPending(f"{host.name}: a bisect (started {pending.get('started')} by "
+                            f"{pending.get('by')}) holds the host in a test state")
+        exc.record = pending
+        raise exc
+    state = {"applied": [dict(a, gate=None) if a.get("name") in gates_off else a
+                         for a in t["applied"]]} if t["managed"] else None
     resolved = units.resolve(host, chosen, t["root"], state, t["layout"], git_prefix)
     if timeout is not None:
         resolved = {r: replace(u, health_timeout=timeout) for r, u in resolved.items()}
@@ -266,8 +277,10 @@ def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
     if not facts.get("systemd"):
         return _failed(result, f"{host.name}: systemd is not running there", EXIT_FAILED)
     request = dict(base, op="deploy", state_sha256=t["state_sha256"], lock_wait=lock_wait,
+                   bisect=bisect,
                    roles={r: {**_names([r])[r], "unit_text": rendered[r].unit_text,
                               "env_text": rendered[r].env_text,
+                              "effective": _effective(facts["roles"][r], rendered[r]),
                               "health_url": resolved[r].health_url,
                               "health_timeout": resolved[r].health_timeout} for r in chosen})
     return _outcome(result, channel.run(request, on_event))
@@ -293,6 +306,10 @@ def _outcome(result: DeployResult, raw: dict) -> DeployResult:
     """Fold the runner's answer into the result: actions, recovery, failure + rollback."""
     if not raw.get("ok"):
         error = raw.get("error") or {}
+        if error.get("kind") == "bisect_pending":
+            exc = BisectPending(f"{result.host}: {error.get('message')}")
+            exc.record = json.loads(error.get("details") or "{}")
+            raise exc
         code = EXIT_BAD_INPUT if error.get("kind") == "usage" else EXIT_FAILED
         return _failed(result, f"{result.host}: {error.get('message')}", code,
                        error.get("details") or "")
@@ -343,12 +360,21 @@ def _failed(result: DeployResult, message: str, code: int, details: str = "") ->
     return result
 
 
+def _effective(facts: dict, r: units.Rendered) -> bool:
+    """Would the new files change the running process? Not when only comments (or the
+    order of lines) differ: then the files are rewritten without a restart."""
+    old_env = facts.get("env_text")
+    return facts.get("unit_text") != r.unit_text or old_env is None or \
+        units.parse_env_file(old_env) != units.parse_env_file(r.env_text)
+
+
 def _report(role: str, u: units.RoleUnit, r: units.Rendered, facts: dict) -> RoleReport:
     old_unit, old_env = facts.get("unit_text"), facts.get("env_text")
     changed = (old_unit, old_env) != (r.unit_text, r.env_text)
     active = (facts.get("systemd") or {}).get("ActiveState")
     stale = bool(facts.get("stale"))
-    restart = ("unit or env file changed" if changed else "not running" if active != "active"
+    restart = ("unit or env file changed" if changed and _effective(facts, r)
+               else "not running" if active != "active"
                else "stale: started before the tree changed" if stale else None)
     diff = "".join(_diff(old_unit, r.unit_text, r.unit_path)
                    + _diff(old_env, r.env_text, r.env_path))

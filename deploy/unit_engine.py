@@ -220,6 +220,7 @@ def op_facts(request: dict) -> dict:
             "root": str(target.root), "layout": target.layout, "managed": state is not None,
             "state_sha256": sha256(state_bytes(target)),
             "applied": (state or {}).get("applied", []), "updated": (state or {}).get("updated"),
+            "bisect": engine.read_json(target.bisect_file),
         },
         "roles": roles,
         "interrupted": ({k: v for k, v in txn.items() if k in ("pid", "since")}
@@ -263,6 +264,7 @@ def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> di
     if sha256(state_bytes(target)) != request["state_sha256"]:
         raise EngineError(f"the tree at {target.root} changed since the units were rendered "
                           "(an apply or revert ran in between); run deploy again", "changed")
+    engine.refuse_during_bisect(target, request)
     roles = request["roles"]                 # in restart order
     old = {r: (read_text(s["unit_path"]), read_text(s["env_path"])) for r, s in roles.items()}
     changed = [r for r, s in roles.items() if old[r] != (s["unit_text"], s["env_text"])]
@@ -303,10 +305,11 @@ def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> di
 
 def restart_reasons(roles: dict, changed: list[str], before: dict,
                     facts: dict[str, dict]) -> dict[str, str]:
-    """Which roles to restart, and why: new files, not running, or stale."""
+    """Which roles to restart, and why: new files (unless the controller found the change
+    has no effect on the process, e.g. comments only), not running, or stale."""
     out = {}
     for role, spec in roles.items():
-        if role in changed:
+        if role in changed and spec.get("effective", True):
             out[role] = "unit or env file changed"
         elif before[role].get("ActiveState") != "active":
             out[role] = "not running"

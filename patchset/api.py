@@ -7,6 +7,7 @@ Transports are passed in (patchset/ never imports deploy/).
 from __future__ import annotations
 
 import itertools
+import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import __version__, engine
-from .errors import (HostUnreachable, LockedError, PatchsetError, TargetError, UsageError)
+from .errors import (BisectPending, HostUnreachable, LockedError, PatchsetError, TargetError,
+                     UsageError)
 from .model import Patch, Series
 from .selection import Plan, Selection, plan
 from .transport import Transport
@@ -57,9 +59,11 @@ def raise_for(host: str, result: dict) -> dict:
     if result.get("ok"):
         return result
     error = result.get("error") or {}
-    kinds = {"usage": UsageError, "locked": LockedError}
+    kinds = {"usage": UsageError, "locked": LockedError, "bisect_pending": BisectPending}
     exc = kinds.get(error.get("kind"), TargetError)(f"{host}: {error.get('message')}")
     exc.details = error.get("details") or ""  # type: ignore[attr-defined]
+    if isinstance(exc, BisectPending):
+        exc.record, exc.details = json.loads(exc.details or "{}"), ""
     raise exc
 
 
@@ -78,6 +82,7 @@ class HostResult:
     dry_run: bool = False
     reverted: list[str] = field(default_factory=list)
     provisioned: str | None = None
+    bisect: dict | None = None     # the unfinished bisect that refused this change
     error: str | None = None
     details: str = ""
     exit_code: int = 0
@@ -97,7 +102,8 @@ def _run_on(transport: Transport, request: dict, files: dict[str, Path],
         result = raise_for(transport.host, raw)
     except (HostUnreachable, TargetError, UsageError) as exc:
         return HostResult(host=transport.host, ok=False, error=str(exc),
-                          details=getattr(exc, "details", ""), exit_code=exc.exit_code)
+                          details=getattr(exc, "details", ""), exit_code=exc.exit_code,
+                          bisect=getattr(exc, "record", None) or None)
     return HostResult(host=transport.host, ok=True, changed=result.get("changed", False),
                       target=result.get("target"), before=result.get("before", []),
                       after=result.get("after", []), head=result.get("head"),
@@ -114,12 +120,14 @@ def on_hosts(transports: list[Transport], work: Callable[[Transport], Any]) -> l
 
 
 def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: bool = False,
-          lock_wait: float = 0.0, base_provider: BaseProvider | None = None) -> list[HostResult]:
-    """Make each host run exactly the planned selection (declarative, idempotent)."""
+          lock_wait: float = 0.0, base_provider: BaseProvider | None = None,
+          bisect: str | None = None) -> list[HostResult]:
+    """Make each host run exactly the planned selection (declarative, idempotent).
+    `bisect`: the id of the bisect this change is a step of (others are refused)."""
     pin = series.upstream
     git_pin = {"url": pin.git.url, "ref": pin.git.ref} if pin.git else None
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
-                                  lock_wait=lock_wait, base={"git": git_pin})
+                                  lock_wait=lock_wait, base={"git": git_pin}, bisect=bisect)
     return on_hosts(transports, lambda t: _run_on(
         t, dict(request, target=_target_of(t), provision=getattr(t, "provisions", False)),
         files, base_provider))
@@ -135,6 +143,16 @@ def revert(series: Series, names: list[str], transport: Transport, with_dependen
     request, files = make_request(series, "revert", names=names, with_dependents=with_dependents,
                                   lock_wait=lock_wait)
     return _run_on(transport, dict(request, target=_target_of(transport)), files)
+
+
+def bisect_mark(series: Series, transport: Transport, bisect_id: str,
+                record: dict | None, lock_wait: float = 30.0) -> dict | None:
+    """Write (record) or drop (None) the host's bisect record; raises BisectPending when
+    another bisect's record is there."""
+    request, _ = make_request(series, "bisect-mark", record=record, bisect=bisect_id,
+                              lock_wait=lock_wait)
+    raw = transport.run_engine(dict(request, target=_target_of(transport)), {})
+    return raise_for(transport.host, raw).get("bisect")
 
 
 def status(series: Series, transport: Transport) -> dict:
@@ -170,7 +188,7 @@ def has_findings(state: dict) -> bool:
     interp = state.get("interpreter") or {}
     return interp.get("managed") is False or bool(
         state.get("drift") or state.get("dirty") or state.get("foreign_commits")
-        or state.get("interrupted"))
+        or state.get("interrupted") or state.get("bisect"))
 
 
 # ---------------------------------------------------------------- show

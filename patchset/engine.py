@@ -153,6 +153,10 @@ class Target:
     def journal_file(self) -> Path:
         return self.meta / "journal.json"
 
+    @property
+    def bisect_file(self) -> Path:
+        return self.meta / "bisect.json"
+
     def state(self) -> dict | None:
         state = read_json(self.state_file)
         if state is not None and state.get("format") != STATE_FORMAT:
@@ -649,9 +653,42 @@ def op_status(target: Target, request: dict) -> dict:
                          "files": len(journal["files"]),
                          "next": "the next apply or revert finishes it"} if journal else None),
         "locked_by": _lock_holder(target),
+        "bisect": read_json(target.bisect_file),
         "interpreter": interpreter_facts(target, request.get("python")),
         "units": unit_facts(target, state),
     }
+
+
+# ---------------------------------------------------------------- bisect record
+
+def refuse_during_bisect(target: Target, request: dict) -> None:
+    """While a bisect holds the host in a test state, only its own steps may change the
+    tree: anything else would make its restore put back the wrong thing. The controller
+    reads the record from the error and finishes an abandoned bisect's restore first."""
+    record = read_json(target.bisect_file)
+    if record is None or request.get("bisect") == record.get("id"):
+        return
+    raise EngineError(f"a bisect (started {record.get('started')} by {record.get('by')}) "
+                      f"holds {target.root} in a test state; it restores the starting "
+                      "state when it ends, or run `patchset bisect HOST --restore`",
+                      "bisect_pending", json.dumps(record, sort_keys=True))
+
+
+def op_bisect_mark(target: Target, request: dict, bundle: Path) -> dict:
+    """Write (request["record"]) or drop (None) the bisect record, under the tree lock.
+    A second bisect is refused while one's record is there (it must be restored first)."""
+    record, current = request.get("record"), read_json(target.bisect_file)
+    if record is None:
+        if current is not None and current.get("id") == request.get("bisect"):
+            target.bisect_file.unlink()
+        return {"bisect": None}
+    if current is not None and current.get("id") != record.get("id"):
+        raise EngineError(f"another bisect ({current.get('id')}, started "
+                          f"{current.get('started')} by {current.get('by')}) is unfinished "
+                          f"on {target.root}", "bisect_pending", json.dumps(current, sort_keys=True))
+    target.ensure_meta()
+    write_json(target.bisect_file, record)
+    return {"bisect": record}
 
 
 # ---------------------------------------------------------------- capture (read-only)
@@ -922,10 +959,13 @@ def run(request: dict, bundle: str | Path = ".") -> dict:
                         request.get("package", "sglang"))
         if request["op"] == "status":
             return {"ok": True, **op_status(target, request)}
-        ops = {"apply": op_apply, "revert": op_revert, "capture": op_capture}
+        ops = {"apply": op_apply, "revert": op_revert, "capture": op_capture,
+               "bisect-mark": op_bisect_mark}
         if request["op"] not in ops:
             raise EngineError(f"unknown op {request['op']!r}", "usage")
         with target.lock(float(request.get("lock_wait", 0)), request["op"]):
+            if request["op"] in ("apply", "revert") and not request.get("dry_run"):
+                refuse_during_bisect(target, request)
             recovered = recover(target)
             result = ops[request["op"]](target, request, Path(bundle))
         return {"ok": True, "recovered": recovered, "provisioned": provisioned, **result}

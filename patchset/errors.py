@@ -52,6 +52,13 @@ class LockedError(TargetError):
     """Another patchset process holds the target's lock."""
 
 
+class BisectPending(TargetError):
+    """A bisect holds the host in a test state; `record` says who started it and what to
+    restore (the host's `.patchset/bisect.json`)."""
+
+    record: dict = {}
+
+
 class HostUnreachable(PatchsetError):
     """A host could not be reached."""
 

@@ -170,15 +170,21 @@ def not_passing(data: dict) -> set[tuple[str, str]]:
             if f["status"] != "pass" and f["severity"] != "info"}
 
 
-def test_prepare(audit_env, capsys) -> None:
-    host = audit_env["host"]
+def prepare_host(env: dict, capsys) -> None:
+    """A fresh tree with the real series (all but the clamp patch), the stand-in venv and
+    the checkpoint; no units yet."""
+    host = env["host"]
     on_host(host, f"rm -rf {TREE}")
-    inventory(audit_env)
+    inventory(env)
     code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp", host.name,
-                       "--series", str(audit_env["series"]))
+                       "--series", str(env["series"]))
     assert code == 0, err
     install_standin(host, venv=VENV, tree=TREE)
     checkpoint(host)
+
+
+def test_prepare(audit_env, capsys) -> None:
+    prepare_host(audit_env, capsys)
     deploy(audit_env, capsys)
 
 

@@ -8,6 +8,7 @@ from . import queue  # noqa: E402,F401
 from . import serving  # noqa: E402,F401
 from . import isolate  # noqa: E402,F401
 from . import audit  # noqa: E402,F401
+from . import bisect  # noqa: E402,F401
 from .serving import DeployView  # noqa: E402
 
 __all__ = ["app", "main", "DeployView"]

@@ -189,6 +189,9 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         transports = [resolver.transport(h) for h in hosts]
         results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
                             base_provider=ship_base(s))
+        from .bisect import retry_pending
+        results = retry_pending(s, resolver, hosts, results, lambda i: api.apply(
+            s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0])
         if restart and not dry_run:
             from .serving import finish_with_restarts, restart_after_apply
             restarts = restart_after_apply(s, resolver, hosts, transports, results,
@@ -211,9 +214,14 @@ def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
     from .. import api
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:
-        transport = resolver.transport(host or resolver.default(), provision_local=False)
-        result = api.revert(s, names, transport, with_dependents=with_dependents,
-                            lock_wait=lock_wait)
+        spec = host or resolver.default()
+        transport = resolver.transport(spec, provision_local=False)
+
+        def run_revert(_: int = 0):
+            return api.revert(s, names, transport, with_dependents=with_dependents,
+                              lock_wait=lock_wait)
+        from .bisect import retry_pending
+        [result] = retry_pending(s, resolver, [spec], [run_revert()], run_revert)
     finish([result], as_json, "revert")
 
 
@@ -274,9 +282,16 @@ def _render_status(st: dict) -> None:
         console.print(f"  {interp['python']} imports {where}{mark}")
     if st.get("locked_by"):
         console.print(f"  locked by {st['locked_by']}", markup=False)
+    if st.get("bisect"):
+        b = st["bisect"]
+        console.print(f"  [yellow]bisect {b.get('id')} by {b.get('by')} since {b.get('started')}"
+                      " holds this host in a test state: it restores when it ends, else the "
+                      "next apply/revert/deploy from its machine or `patchset bisect HOST "
+                      "--restore` does[/yellow]")
     from .serving import render_units
     render_units(console, st)
-    if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted")):
+    if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted",
+                                    "bisect")):
         console.print("  clean")
 
 

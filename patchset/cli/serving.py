@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import EXIT_UNREACHABLE
+from ..errors import EXIT_UNREACHABLE, BisectPending
 from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt, SeriesOpt,
                   TargetOpt, app, emit_json, load, resolver_for, result_line, say, summary, term)
 
@@ -37,12 +37,20 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
         spec = resolver.inventory.resolve(host)
         transport = resolver.transport(host, provision_local=False)
         with DeployView(spec.name) as view:
-            result = run_deploy(spec, channel_for(transport), str(transport.target),
-                                roles=list(parse_names(role)) or None, dry_run=dry_run,
-                                timeout=health_timeout, lock_wait=lock_wait,
-                                on_event=view.event, git_prefix=s.upstream.git_prefix,
-                                package=s.upstream.name,
-                                source=resolver.inventory.path or "hosts.yaml")
+            def run_once():
+                return run_deploy(spec, channel_for(transport), str(transport.target),
+                                  roles=list(parse_names(role)) or None, dry_run=dry_run,
+                                  timeout=health_timeout, lock_wait=lock_wait,
+                                  on_event=view.event, git_prefix=s.upstream.git_prefix,
+                                  package=s.upstream.name,
+                                  source=resolver.inventory.path or "hosts.yaml")
+            try:
+                result = run_once()
+            except BisectPending as exc:
+                from .bisect import finish_abandoned
+                if not finish_abandoned(s, resolver, host, exc.record):
+                    raise
+                result = run_once()
     if as_json:
         emit_json([result.to_json()])
     _render_deploy(result, as_json)

@@ -14,6 +14,13 @@ Faults, from ``STANDIN_FAULT`` (comma-separated, read once at startup):
 
 An unknown fault name is a startup error (a typo must not pass as "no fault").
 
+``STANDIN_FAULT_RULES=FILE`` (JSON list) ties faults to the code that is really
+there, so a test can model "this patch (with its gate on) breaks context": each
+rule ``{"fault": F, "file": "srt/...py", "contains": TEXT, "env": NAME,
+"equals": VALUE}`` adds fault F when every condition it names holds: ``file``
+(relative to the served ``sglang`` package) contains TEXT, and the server's
+environment has NAME=VALUE.  Read once at startup, like the real code paths.
+
 Answers depend only on what the server sees, so a fidelity probe can plant a
 token and ask for it later:
 
@@ -89,6 +96,28 @@ class Faults:
                 budget -= len(words)
             seen = list(reversed(kept))
         return seen
+
+
+RULES_ENV = "STANDIN_FAULT_RULES"
+
+
+def rule_faults(rules_file: str | None, pkg_dir: Any, environ: dict) -> list[str]:
+    """The faults of the rules in *rules_file* whose conditions hold for this server."""
+    import json
+    import pathlib
+    if not rules_file:
+        return []
+    out = []
+    for rule in json.loads(pathlib.Path(rules_file).read_text()):
+        if "file" in rule:
+            path = pathlib.Path(pkg_dir) / rule["file"]
+            if not path.is_file() or rule.get("contains", "") not in path.read_text(
+                    errors="replace"):
+                continue
+        if "env" in rule and environ.get(rule["env"]) != rule.get("equals"):
+            continue
+        out.append(rule["fault"])
+    return out
 
 
 def normalize(messages: Any) -> list[dict]:

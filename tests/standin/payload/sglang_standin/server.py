@@ -404,8 +404,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     values = d.server_args.from_namespace(ns)
     try:
-        faults = chat.Faults.parse(os.environ.get(chat.FAULT_ENV))
-    except ValueError as exc:
+        ruled = chat.rule_faults(os.environ.get(chat.RULES_ENV), derive.locate_tree(),
+                                 dict(os.environ))
+        faults = chat.Faults.parse(",".join([os.environ.get(chat.FAULT_ENV) or "", *ruled]))
+    except (ValueError, OSError) as exc:
         sys.stderr.write(f"stand-in: {exc}\n")
         sys.exit(1)
     d.server_args.missing_defaults(values)

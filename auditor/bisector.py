@@ -1,0 +1,425 @@
+"""`patchset bisect`: prove which change breaks a probe, one change at a time, and always
+put the host back.
+
+Order: the audit ranks the suspects for the symptom; the gated ones that are live are
+A/B'd first (gate unset in the role's env file + restart: no code change), then the
+unconditional ones are reverted one at a time (with their dependents). Every step starts
+from the starting state plus exactly one change, so the first step that makes the probe
+pass is the smallest change that flips it. When no single change does, one last step
+takes every candidate out together (a combination, or not the series at all).
+
+The host carries a record of the bisect (`.patchset/bisect.json` in its tree, no secrets:
+ids, names, sha256s) from the first change to the end of the restore. While it is there,
+apply/revert/deploy refuse anything that is not a step of this bisect; when the run that
+wrote it is gone (Ctrl-C twice, a killed controller, a lost connection), the next
+command from this controller finishes the restore (`restore_abandoned`), and
+`patchset bisect HOST --restore` does it from anywhere.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import secrets
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from patchset import api, engine
+from patchset.errors import BisectPending, PatchsetError, TargetError, UsageError
+from patchset.model import Series
+from patchset.selection import Plan, Selection
+
+from . import probe as probe_mod
+
+SERVER_ROLES = ("prefill", "decode")
+LIVE_STATES = ("active", "unknown", "drifted")   # states in which the code may be running
+Say = Callable[[str], None]
+
+
+@dataclass
+class Target:
+    """One host as the bisect drives it: queue transport, deploy channel, inventory host."""
+
+    series: Series
+    host: Any                 # deploy.inventory.Host
+    transport: Any
+    channel: Any
+    source: str = "hosts.yaml"
+    health_timeout: float | None = None
+    on_event: Callable[[dict], None] | None = None
+
+    @property
+    def tree(self) -> str:
+        return str(self.transport.target)
+
+    @property
+    def roles(self) -> list[str]:
+        return [r for r in SERVER_ROLES if r in self.host.roles]
+
+
+@dataclass
+class Candidate:
+    """One suspect and what the bisect does with it."""
+
+    rank: int
+    patch: str
+    score: float
+    plan: str                 # gate-off | revert | skip
+    why: str
+    takes_out: list[str] = field(default_factory=list)   # revert: the patch + dependents
+
+
+@dataclass
+class Step:
+    number: int
+    action: str               # baseline | gate-off | revert | all | restore
+    change: str
+    applied: list[str]
+    gates_off: list[str]
+    probe_ok: bool | None
+    probes: list[dict]
+    restarted: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class BisectReport:
+    host: str
+    id: str
+    probe: str
+    url: str
+    symptom: str
+    started: str
+    starting: list[str]
+    candidates: list[Candidate] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    culprit: dict | None = None
+    verdict: str = ""
+    restored: bool = False
+    restore_error: str | None = None
+    error: str | None = None      # what stopped the steps early (the restore still ran)
+    interrupted: bool = False
+    saved: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.restore_error or self.error:
+            return 4
+        return 130 if self.interrupted else 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    kinds: tuple[str, ...]
+    sizes: tuple[int, ...]
+    url: str
+    api_key_env: str | None = None
+    timeout: float = 600.0
+
+    def run(self) -> tuple[bool, list[dict]]:
+        report = probe_mod.fidelity(probe_mod.FidelitySpec(
+            url=self.url, kinds=self.kinds, sizes=self.sizes, api_key_env=self.api_key_env,
+            timeout=self.timeout))
+        return report.ok, [asdict(r) for r in report.results]
+
+
+# ---------------------------------------------------------------- the run
+
+def bisect(t: Target, probe: ProbePlan, symptom: str = "context-loss",
+           say: Say = lambda _: None) -> BisectReport:
+    status = api.status(t.series, t.transport)
+    if status.get("bisect"):
+        restore_abandoned(t, status["bisect"], say)
+        status = api.status(t.series, t.transport)
+    starting = _starting(t, status)
+    _require_deployed(t)
+    report = BisectReport(host=t.host.name, id=_new_id(), probe=",".join(probe.kinds),
+                          url=probe.url, symptom=symptom, started=_now(), starting=starting)
+    report.candidates = candidates(t, symptom, starting)
+    say(f"{t.host.name}: probing the starting state ({len(starting)} patches applied)")
+    ok, results = probe.run()
+    report.steps.append(Step(0, "baseline", "starting state", starting, [], ok, results))
+    if ok:
+        report.verdict = "the probe passes in the starting state: nothing to bisect"
+        report.restored = True
+        return report
+    steps = [c for c in report.candidates if c.plan != "skip"]
+    if not steps:
+        report.verdict = ("the probe fails, but no ranked suspect can be toggled or reverted "
+                          "here (see the candidates): the cause is outside the series")
+        report.restored = True
+        return report
+    api.bisect_mark(t.series, t.transport, report.id, _record(report, t))
+    try:
+        _walk(t, probe, report, steps, say)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        report.verdict = "interrupted before a change flipped the probe"
+        say("interrupted: restoring the starting state (Ctrl-C is ignored until it is done)")
+    except PatchsetError as exc:
+        report.error = str(exc)
+        report.verdict = f"stopped at step {len(report.steps)}: {exc}"
+    finally:
+        _restore_guarded(t, report, say)
+    return report
+
+
+def _walk(t: Target, probe: ProbePlan, report: BisectReport, steps: list[Candidate],
+          say: Say) -> None:
+    for cand in steps:
+        gates = [cand.patch] if cand.plan == "gate-off" else []
+        out = cand.takes_out if cand.plan == "revert" else []
+        step = _step(t, probe, report, cand.plan, _describe(t, cand), out, gates, say)
+        if step.probe_ok:
+            report.culprit = {"patch": cand.patch, "action": cand.plan,
+                              "change": step.change, "step": step.number}
+            report.verdict = f"{step.change} makes the probe pass: {cand.patch} is the cause"
+            return
+    if len(steps) > 1:
+        gates = [c.patch for c in steps if c.plan == "gate-off"]
+        out = sorted({n for c in steps if c.plan == "revert" for n in c.takes_out})
+        step = _step(t, probe, report, "all", "every candidate out at once", out, gates, say)
+        if step.probe_ok:
+            report.verdict = ("no single change flips the probe, all of them together do: "
+                              "a combination of " + ", ".join(c.patch for c in steps))
+            return
+    report.verdict = ("no change of the series flips the probe: the cause is outside the "
+                      "candidates (upstream, a hazard, or the deployment)")
+
+
+def _step(t: Target, probe: ProbePlan, report: BisectReport, action: str, change: str,
+          take_out: list[str], gates_off: list[str], say: Say) -> Step:
+    number = len(report.steps)
+    say(f"{t.host.name}: step {number}: {change}")
+    started = time.monotonic()
+    applied = [n for n in report.starting if n not in take_out]
+    restarted = _converge(t, report.id, applied, gates_off)
+    engine.crash_point(f"bisect-step-{number}")
+    ok, results = probe.run()
+    step = Step(number, action, change, applied, list(gates_off), ok, results, restarted,
+                round(time.monotonic() - started, 2))
+    report.steps.append(step)
+    say(f"{t.host.name}: step {number}: probe {'PASSES' if ok else 'still fails'}")
+    return step
+
+
+def _converge(t: Target, bisect_id: str, applied: list[str], gates_off: list[str]) -> list[str]:
+    """Make the host run exactly `applied` with `gates_off` unset; the roles restarted."""
+    from deploy.deploy import deploy
+    selected = _plan(t.series, applied)
+    [result] = api.apply(t.series, selected, [t.transport], bisect=bisect_id)
+    if not result.ok:
+        raise TargetError(result.error or f"{t.host.name}: apply failed")
+    done = deploy(t.host, t.channel, t.tree, roles=t.roles, timeout=t.health_timeout,
+                  on_event=t.on_event, git_prefix=t.series.upstream.git_prefix,
+                  package=t.series.upstream.name, source=t.source, bisect=bisect_id,
+                  gates_off=frozenset(gates_off))
+    if not done.ok:
+        raise TargetError(done.error or f"{t.host.name}: deploy failed")
+    return [r.role for r in done.roles if r.restart]
+
+
+# ---------------------------------------------------------------- candidates
+
+def candidates(t: Target, symptom: str, starting: list[str]) -> list[Candidate]:
+    """The audit's ranked patch suspects, each with what this bisect will do with it:
+    gated ones first (an env change), then unconditional ones (a revert)."""
+    from . import api as audit_api
+    report = audit_api.audit(t.series, [t.transport], symptom)
+    states: dict[str, set[str]] = {}
+    for host in report.hosts:
+        for st in host.states:
+            states.setdefault(st.patch, set()).add(st.state)
+    known = t.series.by_name()
+    out = []
+    for s in report.symptom.suspects if report.symptom else ():
+        if s.kind == "patch" and s.name in known:
+            out.append(_candidate(s, known[s.name], states.get(s.name, set()), starting, t))
+    order = {"gate-off": 0, "revert": 1, "skip": 2}
+    return sorted(out, key=lambda c: (order[c.plan], c.rank))
+
+
+def _candidate(s: Any, patch: Any, states: set[str], starting: list[str],
+               t: Target) -> Candidate:
+    live = sorted(states & set(LIVE_STATES))
+    base = dict(rank=s.rank, patch=patch.name, score=s.score)
+    if patch.name not in starting:
+        return Candidate(**base, plan="skip", why="not applied on this host")
+    if not live:
+        return Candidate(**base, plan="skip",
+                         why=f"{'/'.join(sorted(states)) or 'no state'}: its code does not "
+                             "run here, toggling it cannot change the probe")
+    if patch.gate:
+        return Candidate(**base, plan="gate-off",
+                         why=f"{'/'.join(live)}; gated by {patch.gate.env}: unset it")
+    out = [patch.name] + _dependents(t.series, starting, patch.name)
+    extra = f" (with dependents {', '.join(out[1:])})" if len(out) > 1 else ""
+    return Candidate(**base, plan="revert", takes_out=out,
+                     why=f"{'/'.join(live)}; unconditional: revert it{extra}")
+
+
+def _dependents(series: Series, applied: list[str], name: str) -> list[str]:
+    gone, out = {name}, []
+    for p in series.patches:
+        if p.name in applied and p.name not in gone and set(p.depends) & gone:
+            gone.add(p.name)
+            out.append(p.name)
+    return out
+
+
+def _describe(t: Target, cand: Candidate) -> str:
+    patch = t.series.by_name()[cand.patch]
+    if cand.plan == "gate-off":
+        return f"{patch.gate.env} unset (gate of {cand.patch}), restart"
+    return f"revert {', '.join(cand.takes_out)}, restart"
+
+
+# ---------------------------------------------------------------- restore
+
+def _restore_guarded(t: Target, report: BisectReport, say: Say) -> None:
+    """The restore runs to the end even through Ctrl-C; a failure is reported, and the
+    record left on the host lets the next command finish it."""
+    previous = _ignore_sigint()
+    try:
+        say(f"{t.host.name}: restoring the starting state")
+        started = time.monotonic()
+        restarted = _restore(t, report.id, report.starting)
+        report.steps.append(Step(len(report.steps), "restore", "starting state",
+                                 list(report.starting), [], None, [], restarted,
+                                 round(time.monotonic() - started, 2)))
+        report.restored = True
+    except (PatchsetError, OSError) as exc:
+        report.restore_error = (f"{exc}; the host keeps the bisect record: the next patchset "
+                                f"command on {t.host.name} finishes the restore")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _restore(t: Target, bisect_id: str, starting: list[str]) -> list[str]:
+    restarted = _converge(t, bisect_id, starting, [])
+    api.bisect_mark(t.series, t.transport, bisect_id, None)
+    return restarted
+
+
+def restore_abandoned(t: Target, record: dict, say: Say, force: bool = False) -> list[str]:
+    """Finish the restore of a bisect whose run is gone. A run still alive on this machine
+    is never interfered with; one started elsewhere needs `force` (`--restore`)."""
+    if not force and not abandoned(record):
+        elsewhere = record.get("controller") != socket.gethostname()
+        raise BisectPending(
+            f"{t.host.name}: a bisect "
+            + (f"from {record.get('controller')} " if elsewhere else "is running there ")
+            + f"({record.get('by')}, since {record.get('started')}) holds it in a test state; "
+            + ("if that run is gone, " if elsewhere else "wait for it, or ")
+            + f"run `patchset bisect {t.host.name} --restore` to restore it")
+    say(f"{t.host.name}: finishing the restore of the bisect started {record.get('started')} "
+        f"by {record.get('by')}")
+    return _restore(t, record["id"], list(record.get("starting") or []))
+
+
+def abandoned(record: dict) -> bool:
+    """True when the bisect's controller process is known to be gone (same machine)."""
+    if record.get("controller") != socket.gethostname():
+        return False
+    pid = int(record.get("pid") or 0)
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"bisect" not in cmdline
+
+
+def _ignore_sigint():
+    try:
+        return signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:          # not the main thread: nothing to mask
+        return None
+
+
+# ---------------------------------------------------------------- helpers
+
+def _starting(t: Target, status: dict) -> list[str]:
+    """The host's applied patches, which must be the series' own files: the restore
+    re-applies them from the series, so it must be able to reproduce them exactly."""
+    known = t.series.by_name()
+    names = []
+    for a in status.get("applied") or []:
+        patch = known.get(a["name"])
+        if patch is None or patch.sha256 != a.get("sha256"):
+            raise UsageError(f"{t.host.name}: it runs {a['name']} sha256 "
+                             f"{str(a.get('sha256'))[:12]}, which is not the series' "
+                             f"{'file' if patch else 'patch'} ({t.series.manifest}); apply "
+                             "the series there first so the bisect can restore it exactly")
+        names.append(a["name"])
+    if not status.get("managed"):
+        raise UsageError(f"{t.host.name}: {t.tree} is not managed by patchset: apply first")
+    return names
+
+
+def _require_deployed(t: Target) -> None:
+    """The units must be what deploy renders and running: the restore re-renders them,
+    so anything else would be lost (or could not be told apart from the test states)."""
+    from deploy.deploy import deploy
+    if not t.roles:
+        raise UsageError(f"{t.host.name}: no prefill or decode role in hosts.yaml: nothing "
+                         "serves the tree, so there is nothing to probe")
+    result = deploy(t.host, t.channel, t.tree, roles=t.roles, dry_run=True,
+                    git_prefix=t.series.upstream.git_prefix, package=t.series.upstream.name,
+                    source=t.source)
+    off = [f"{r.unit} ({r.restart})" for r in result.roles if r.changed or r.restart]
+    if off:
+        raise TargetError(f"{t.host.name}: the units are not as `patchset deploy` renders and "
+                          f"runs them: {', '.join(off)}; run `patchset deploy "
+                          f"{t.host.name}` first, so the bisect can restore them exactly")
+
+
+def _plan(series: Series, names: list[str]) -> Plan:
+    """Exactly `names` (dependency-closed by construction), in series order."""
+    return Plan(selection=Selection(only=tuple(names)), decisions=(),
+                patches=tuple(p for p in series.patches if p.name in names))
+
+
+def _record(report: BisectReport, t: Target) -> dict:
+    return {"id": report.id, "started": report.started, "by": _who(),
+            "controller": socket.gethostname(), "pid": os.getpid(), "probe": report.probe,
+            "starting": list(report.starting), "roles": t.roles}
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} (pid {os.getpid()})"
+
+
+def _new_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + \
+        secrets.token_hex(3)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def save(report: BisectReport, path: Path | None = None) -> Path:
+    """Write the report as JSON: `path`, else the state dir, one file per run."""
+    if path is None:
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        path = Path(state) / "patchset" / "bisect" / f"{report.host}-{report.id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report.saved = str(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -496,8 +496,14 @@ def _git_env() -> dict[str, str]:
 
 
 def _git_out(cwd: Path, *args: str, what: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, env=_git_env())
+    return _git_bytes(cwd, *args, what=what).decode("utf-8", errors="replace")
+
+
+def _git_bytes(cwd: Path, *args: str, what: str, stdin: bytes | None = None) -> bytes:
+    """git's exact stdout (file contents must round-trip byte for byte)."""
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, env=_git_env(),
+                          input=stdin)
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().split("\n") or [""])[0]
         raise UsageError(f"{what}: git {args[0]} failed: {reason}")
-    return proc.stdout.decode("utf-8", errors="replace")
+    return proc.stdout

@@ -20,7 +20,7 @@ from .yamlsrc import Located
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-TOP_KEYS = {"version": False, "upstream": True, "series": True}
+TOP_KEYS = {"version": False, "upstream": True, "series": True, "upstreamed": False}
 UPSTREAM_KEYS = {"name": True, "version": True, "git": False, "pypi": False, "layout": False}
 GIT_KEYS = {"url": True, "ref": True}
 PYPI_KEYS = {"requirement": True, "file": True, "sha256": True, "python_version": True,
@@ -31,6 +31,8 @@ PATCH_KEYS = {"name": True, "file": True, "summary": True, "tier": True, "path":
               "upstream_status": True, "evidence": False}
 GATE_KEYS = {"env": True, "on": True}
 REQUIRE_KEYS = {"fact": True, "op": True, "value": True, "why": False}
+# Patches upstream took (`patchset rebase` moves them here): a record, no longer carried.
+UPSTREAMED_KEYS = {"name": True, "summary": True, "upstream_status": True, "since": True}
 MANIFEST_VERSION = 1
 
 
@@ -52,6 +54,7 @@ def load_series(manifest: str | Path) -> Series:
     upstream = _upstream(doc)
     patches = _patches(doc, path.parent, upstream.git_prefix)
     _check_references(doc, patches)
+    _check_upstreamed(doc, patches)
     return Series(manifest=str(path), root=str(path.parent), upstream=upstream,
                   patches=tuple(patches))
 
@@ -260,6 +263,30 @@ def _check_references(doc: Located, patches: list[Patch]) -> None:
                 raise doc.error(("series", i, "depends", j),
                                 f"{dep!r} comes later in the series; dependencies must be below "
                                 "the patch that needs them")
+
+
+def _check_upstreamed(doc: Located, patches: list[Patch]) -> None:
+    """`upstreamed:` records patches that are no longer carried: each is a name the series
+    no longer uses, with why it went (`accepted`) and the release that has it."""
+    value = doc.data.get("upstreamed")
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise doc.error(("upstreamed",), "must be a list of {name, summary, upstream_status, "
+                        "since}")
+    taken = {p.name for p in patches}
+    for i, item in enumerate(value):
+        where = ("upstreamed", i)
+        entry = _keys(doc, where, item, UPSTREAMED_KEYS)
+        name = _string(doc, where + ("name",), entry["name"], NAME)
+        if name in taken:
+            raise doc.error(where + ("name",), f"{name!r} is in series: too (or twice here); "
+                            "a patch is either carried or upstreamed")
+        taken.add(name)
+        _string(doc, where + ("summary",), entry["summary"])
+        _string(doc, where + ("upstream_status",), entry["upstream_status"],
+                choices=("accepted",))
+        _string(doc, where + ("since",), str(entry["since"]))
 
 
 def _check_cycles(doc: Located, patches: list[Patch]) -> None:

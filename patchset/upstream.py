@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .errors import UpstreamError
+from .errors import HostUnreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
 
-__all__ = ["BaseTree", "blob_ids", "cache_root", "fetch_wheel", "materialize", "provision"]
+__all__ = ["BaseTree", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
+           "provision"]
 
 IDENTITY = "patchset <patchset@invalid>"
 USER_NAME, USER_EMAIL = "patchset", "patchset@invalid"
@@ -70,6 +71,13 @@ _PIP_FLAGS = (
     "download --no-deps --only-binary=:all: --no-input --disable-pip-version-check"
     " --progress-bar off"
 ).split()
+# What pip prints when it could not talk to the index at all (as opposed to "no such version").
+_PIP_UNREACHABLE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|ConnectTimeout|ReadTimeout"
+    r"|Could not fetch URL|Temporary failure in name resolution|Name or service not known"
+    r"|ProxyError|SSLError|Network is unreachable|Connection refused|connection broken",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,125 @@ def blob_ids(base: BaseTree, paths: Iterable[str]) -> dict[str, str | None]:
         if kind == "blob" and path in found:
             found[path] = oid
     return found
+
+
+def pin_for_version(
+    pin: UpstreamPin,
+    version: str,
+    cache: Path | None = None,
+    progress: Progress | None = None,
+    offline: bool = False,
+) -> UpstreamPin:
+    """`pin` moved to another release of the same package (for `patchset rebase`).
+
+    Same git url and wheel python_version/platform; the git ref and requirement follow the
+    version. The wheel's file name and sha256 cannot be known in advance, so they are
+    learnt by downloading it through pip over HTTPS (trust on first use); the manifest
+    then records them, and every later provision verifies the sha256 like the current
+    pin's. What was learnt is kept in the cache, so a second run needs no network.
+    Exit 2 for a release the index does not have, 3 when the index cannot be reached.
+    """
+    if version == pin.version:
+        return pin
+    if pin.pypi is None:
+        raise UsageError(
+            "moving the pin needs upstream.pypi in patches.yaml (the new release's wheel"
+            " is what gives its sha256)"
+        )
+    cache = Path(cache) if cache is not None else cache_root()
+    progress = progress or NullProgress()
+    want = dataclasses.replace(pin.pypi, requirement=f"{pin.name}=={version}", file="", sha256="")
+    record = cache / "tofu" / "-".join(
+        _safe(part) for part in (pin.name, version, want.python_version, want.platform)
+    )
+    record = record.with_name(record.name + ".json")
+    try:
+        with _locked(cache / "locks" / f"{record.stem}.lock", progress):
+            found = _recorded_wheel(record) or _learn_wheel(pin, version, want, record, cache,
+                                                            progress, offline)
+    except OSError as e:
+        raise UpstreamError(
+            f"cannot use the patchset cache {cache}: {e.strerror or e};"
+            " free disk space, fix permissions or set PATCHSET_CACHE"
+        ) from e
+    git = pin.git and GitPin(url=pin.git.url, ref=_moved_ref(pin.git.ref, pin.version, version))
+    return dataclasses.replace(pin, version=version, git=git, pypi=found)
+
+
+def _moved_ref(ref: str, old: str, new: str) -> str:
+    """The git ref of the new release, written like the old one (`v0.5.14` -> `v0.5.15`)."""
+    return ref.replace(old, new) if old in ref else f"v{new}"
+
+
+def _recorded_wheel(record: Path) -> PypiPin | None:
+    """The wheel learnt for this release by an earlier run, or None."""
+    try:
+        return PypiPin(**json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _learn_wheel(
+    pin: UpstreamPin,
+    version: str,
+    want: PypiPin,
+    record: Path,
+    cache: Path,
+    progress: Progress,
+    offline: bool,
+) -> PypiPin:
+    """Download the release's wheel into the cache, hash it, and record both (TOFU)."""
+    if offline:
+        raise UpstreamError(
+            f"offline and {pin.name} {version} has not been fetched on this machine"
+            f" (no {record}); run once with network access"
+        )
+    tmp_root = cache / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="learn.", dir=tmp_root) as tmp:
+        with progress.task(f"download {want.requirement} (pip)", None):
+            done = _run_pip(want, Path(tmp), "and retry", HostUnreachable)
+        if done.returncode:
+            _raise_for_pip(pin, version, want, done.stderr)
+        got = _one_wheel(Path(tmp), pin.name, version)
+        found = dataclasses.replace(want, file=got.name, sha256=_sha256(got, progress))
+        final = cache / "wheels" / got.name
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(got, final)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    staged = record.with_name(f".{record.name}.tmp")
+    staged.write_text(json.dumps(dataclasses.asdict(found), indent=2, sort_keys=True) + "\n")
+    os.replace(staged, record)
+    return found
+
+
+def _raise_for_pip(pin: UpstreamPin, version: str, want: PypiPin, stderr: bytes) -> None:
+    """pip's failure as one line: unreachable index (3), no such release (2), else (4)."""
+    text = stderr.decode("utf-8", "replace")
+    why = _last_line(stderr)
+    unreachable = _PIP_UNREACHABLE.search(text)
+    if unreachable or "(from versions: none)" in text:
+        seen = unreachable.group(0) if unreachable else f"no {pin.name} release listed at all"
+        raise HostUnreachable(
+            f"cannot reach the package index for {want.requirement} ({seen}); check the"
+            " network and the index (pip config list)"
+        )
+    if "No matching distribution found" in text:
+        raise UsageError(
+            f"{pin.name} {version}: no such release with a wheel for python"
+            f" {want.python_version} on {want.platform} on the package index"
+        )
+    raise UpstreamError(f"pip download {want.requirement} failed: {why}")
+
+
+def _one_wheel(directory: Path, name: str, version: str) -> Path:
+    """The single wheel pip downloaded, which must be the asked-for release."""
+    wheels = sorted(directory.glob("*.whl"))
+    dist = re.sub(r"[-_.]+", "_", name).lower()
+    if len(wheels) != 1 or not wheels[0].name.lower().startswith(f"{dist}-{version}-"):
+        names = ", ".join(p.name for p in sorted(directory.iterdir())) or "nothing"
+        raise UpstreamError(f"pip downloaded {names}, not one {name} {version} wheel")
+    return wheels[0]
 
 
 # ---------------------------------------------------------------- cache bookkeeping
@@ -459,20 +586,8 @@ def _download(pp: PypiPin, final: Path, progress: Progress) -> None:
 
 def _pip_download(pp: PypiPin, dest: Path, final: Path) -> None:
     """Run `pip download` for exactly the pinned wheel (no deps, binary only)."""
-    cmd = [*PIP, *_PIP_FLAGS, "--python-version", pp.python_version, "--platform", pp.platform]
-    cmd += ["-d", str(dest), pp.requirement]
     fix = f"or copy the wheel to {final}"
-    try:
-        done = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PIP_TIMEOUT_S
-        )
-    except (FileNotFoundError, PermissionError) as e:
-        raise UpstreamError(f"cannot run pip ({PIP[0]}): {e.strerror}; install pip {fix}") from e
-    except subprocess.TimeoutExpired as e:
-        raise UpstreamError(
-            f"pip download {pp.requirement} timed out after {PIP_TIMEOUT_S}s;"
-            f" check the network {fix}"
-        ) from e
+    done = _run_pip(pp, dest, fix, UpstreamError)
     if done.returncode:
         why = _last_line(done.stderr)
         if "No module named pip" in why:
@@ -483,6 +598,26 @@ def _pip_download(pp: PypiPin, dest: Path, final: Path) -> None:
             f"pip download {pp.requirement} failed: {why}; check the network and"
             f" index (pip config list) {fix}"
         )
+
+
+def _run_pip(
+    pp: PypiPin, dest: Path, fix: str, timeout_error: type[Exception]
+) -> subprocess.CompletedProcess:
+    """`pip download` of pp.requirement for the pin's python/platform into `dest`; a pip
+    that cannot run or hangs is one line (`timeout_error` for the hang)."""
+    cmd = [*PIP, *_PIP_FLAGS, "--python-version", pp.python_version, "--platform", pp.platform]
+    cmd += ["-d", str(dest), pp.requirement]
+    try:
+        return subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PIP_TIMEOUT_S, check=False
+        )
+    except (FileNotFoundError, PermissionError) as e:
+        raise UpstreamError(f"cannot run pip ({PIP[0]}): {e.strerror}; install pip {fix}") from e
+    except subprocess.TimeoutExpired as e:
+        raise timeout_error(
+            f"pip download {pp.requirement} timed out after {PIP_TIMEOUT_S}s;"
+            f" check the network {fix}"
+        ) from e
 
 
 def _verify(path: Path, expected: str, progress: Progress) -> None:

@@ -7,6 +7,7 @@ from .app import app, main
 from . import queue  # noqa: E402,F401
 from . import serving  # noqa: E402,F401
 from . import isolate  # noqa: E402,F401
+from . import rebase  # noqa: E402,F401
 from . import audit  # noqa: E402,F401
 from . import bisect  # noqa: E402,F401
 from .serving import DeployView  # noqa: E402

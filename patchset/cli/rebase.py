@@ -1,0 +1,69 @@
+"""`patchset rebase --onto REF`: move the series to another upstream release (the library
+does the work: patchset/rebase.py); this renders the per-patch outcomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .app import JsonOpt, RichProgress, SeriesOpt, app, emit_json, load, say, term
+
+
+@app.command("rebase")
+def rebase_cmd(onto: str = typer.Option(..., "--onto", help="the release to move to: 0.5.15 "
+                                        "or the tag v0.5.15"),
+               dry_run: bool = typer.Option(False, "--dry-run", help="report only; write "
+                                            "nothing"),
+               offline: bool = typer.Option(False, "--offline", help="never touch the "
+                                            "network (the release must have been fetched "
+                                            "once; skips the git probe)"),
+               as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Move the series to another upstream release: per patch clean, 3way (re-diffed),
+    upstream (dropped, recorded) or conflict (hunks shown, nothing written). Exit 0 moved
+    (or would move), 1 a conflict, 2 bad input, 3 the package index is unreachable."""
+    from dataclasses import asdict
+
+    from ..rebase import rebase
+    result = rebase(load(series), onto, dry_run=dry_run, progress=RichProgress(),
+                    offline=offline)
+    if as_json:
+        emit_json({**asdict(result), "exit_code": result.exit_code})
+    else:
+        _render(result)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def _render(result) -> None:
+    from rich.table import Table
+    console = term()
+    table = Table("patch", "outcome", "files", "notes",
+                  title=f"{result.old} -> {result.new}")
+    for p in result.patches:
+        files = "\n".join(path.rsplit("/", 1)[-1] for path in p.files)
+        table.add_row(p.name, p.outcome, files, "\n".join(p.notes) or "-")
+    console.print(table)
+    for p in result.patches:
+        for hunk in p.hunks:
+            start, count = hunk.upstream
+            console.print(f"{p.name}: {hunk.path}: conflict at lines {start}-"
+                          f"{start + max(count, 1) - 1} of {result.new} (lines "
+                          f"{hunk.lines[0]}-{hunk.lines[1]} of the merge)", markup=False)
+            console.print(hunk.text, markup=False, end="")
+    say(_summary(result))
+
+
+def _summary(result) -> str:
+    counts = {}
+    for p in result.patches:
+        counts[p.outcome] = counts.get(p.outcome, 0) + 1
+    tally = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+    if not result.ok:
+        return f"{tally}: conflicts, nothing written (resolve them, then rebase again)"
+    if not result.changed:
+        return f"{tally}: already on {result.new}, nothing to change"
+    files = len(result.written) + len(result.removed)
+    verb = "would write" if result.dry_run else "wrote"
+    return f"{tally}: {verb} {files} file(s) for {result.new} ({result.manifest})"

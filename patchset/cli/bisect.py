@@ -51,7 +51,10 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
         plan = bisector.ProbePlan(kinds=kinds, sizes=parse_sizes(sizes),
                                   url=(url or endpoint(host, resolver.inventory.path)).rstrip("/"),
                                   api_key_env=api_key_env, timeout=probe_timeout)
-        report = bisector.bisect(t, plan, symptom, say=say)
+        from .serving import DeployView
+        with DeployView(t.host.name) as view:      # restarts and /health waits, live
+            t.on_event = view.event
+            report = bisector.bisect(t, plan, symptom, say=say)
     saved = bisector.save(report, output)
     if as_json:
         emit_json(report.to_json())

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from patchset.factnames import QUANT_FIELDS
+
 from .facts.base import FactValue
 from .model import Checkpoint, HostFacts, Server
 
@@ -49,7 +51,6 @@ TABLE: tuple[tuple[str, str, str], ...] = (
      "auditor.states"),
 )
 
-QUANT_FIELDS = ("quant_method", "quant_algo", "moe_quant_algo", "kv_cache_quant_algo")
 
 
 @dataclass

@@ -13,19 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchset import yamlsrc
+from patchset import inputfile, validate, yamlsrc
 from patchset.errors import ManifestError, UsageError
 from patchset.yamlsrc import Located
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-ADDRESS = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\])$")
-USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
-REMOTE_PATH = re.compile(r"^(?:~/|/)[A-Za-z0-9_./+@-]*$")
+NAME = validate.HOST_NAME
+ADDRESS = validate.ADDRESS
+USER = validate.USER
+ABS_PATH = validate.ABS_PATH
+REMOTE_PATH = validate.REMOTE_PATH
 HOST_KEYS = {"address": False, "user": False, "port": False, "tree": False, "python": False,
              "identity_file": False, "proxy_jump": False, "roles": False, "serving": False}
 ROLE_NAMES = ("prefill", "decode", "router")
-SPEC = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>\d+))?$")
+SPEC = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,14 @@ class Inventory:
 def parse_spec(spec: str) -> Host:
     if spec in ("localhost", "local"):
         return Host(name="localhost", address="localhost")
-    match = SPEC.match(spec)
-    if not match:
+    match = SPEC.fullmatch(spec)
+    if not match or validate.control_char(spec):
         raise UsageError(f"host {spec!r}: expected an inventory name, user@host[:port] or "
                          "localhost")
     user, host, port = match.group("user"), match.group("host"), match.group("port")
-    if user is not None and not USER.match(user):
+    if user is not None and not USER.ok(user):
         raise UsageError(f"host {spec!r}: user {user!r} is not a valid user name")
-    if not ADDRESS.match(host):
+    if not ADDRESS.ok(host):
         raise UsageError(f"host {spec!r}: {host!r} is not a valid host name or address")
     if port is not None and not 0 < int(port) < 65536:
         raise UsageError(f"host {spec!r}: port {port} is out of range")
@@ -86,11 +86,12 @@ def default_path() -> Path:
 def load(path: str | Path | None = None) -> Inventory:
     """Load the inventory; a missing default file is an empty inventory."""
     file = Path(path) if path else default_path()
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         if path:
             raise ManifestError(str(file), None, "(file)", "not found")
         return Inventory(None, {}, None)
-    doc = yamlsrc.load(file.read_text(encoding="utf-8"), str(file))
+    text = inputfile.read_text(file, inputfile.INVENTORY_LIMIT, "inventory")
+    doc = yamlsrc.load(text, str(file))
     data = _mapping(doc, (), doc.data, {"version": False, "default": False, "hosts": True})
     if data.get("version", 1) != 1:
         raise doc.error(("version",), "unsupported inventory version (this patchset reads 1)")
@@ -114,8 +115,9 @@ def _mapping(doc: Located, where: tuple, value: Any, allowed: dict | None) -> di
     return value
 
 
-def _checked(doc: Located, where: tuple, value: Any, pattern: re.Pattern, what: str) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+def _checked(doc: Located, where: tuple, value: Any, pattern: validate.Rule,
+             what: str) -> str:
+    if not pattern.ok(value):
         raise doc.error(where, f"{value!r} is not {what} (no spaces, quotes, ;, $, "
                         "backticks or newlines)")
     return value
@@ -123,8 +125,9 @@ def _checked(doc: Located, where: tuple, value: Any, pattern: re.Pattern, what: 
 
 def _host(doc: Located, name: Any, value: Any) -> Host:
     where = ("hosts", name)
-    if not isinstance(name, str) or not NAME.match(name):
-        raise doc.error(where, f"host name {name!r} must match {NAME.pattern}")
+    if not NAME.ok(name):
+        raise doc.error(where, f"host name {name!r} is not {NAME.what} (letters, digits, "
+                        "_ . -; at most 63)")
     h = _mapping(doc, where, value or {}, HOST_KEYS)
     port = h.get("port")
     if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
@@ -139,15 +142,16 @@ def _host(doc: Located, name: Any, value: Any) -> Host:
         python=_opt(doc, where + ("python",), h.get("python"), ABS_PATH,
                     "an absolute path") or "python3",
         identity_file=_opt(doc, where + ("identity_file",), h.get("identity_file"),
-                           re.compile(r"^~?/[A-Za-z0-9_./+@-]*$"), "a key file path"),
+                           validate.KEY_FILE, "a key file path"),
         proxy_jump=_opt(doc, where + ("proxy_jump",), h.get("proxy_jump"),
-                        re.compile(r"^[A-Za-z0-9_.@:,\[\]-]+$"), "a ProxyJump spec"),
+                        validate.PROXY_JUMP, "a ProxyJump spec"),
         roles=_roles(doc, where + ("roles",), h.get("roles")),
         serving=_serving(doc, where + ("serving",), h.get("serving")),
     )
 
 
-def _opt(doc: Located, where: tuple, value: Any, pattern: re.Pattern, what: str) -> str | None:
+def _opt(doc: Located, where: tuple, value: Any, pattern: validate.Rule,
+         what: str) -> str | None:
     return None if value is None else _checked(doc, where, value, pattern, what)
 
 
@@ -159,8 +163,9 @@ def _roles(doc: Located, where: tuple, value: Any) -> dict[str, Any]:
         if settings is not None and not isinstance(settings, dict):
             raise doc.error(where + (role,), "must be a mapping of unit settings")
         for key, item in (settings or {}).items():
-            if isinstance(item, str) and re.search(r"[\n\r\0]", item):
-                raise doc.error(where + (role, key), "must not contain newlines")
+            if isinstance(item, str) and validate.control_char(item):
+                raise doc.error(where + (role, key), "must not contain "
+                                f"{validate.describe(validate.control_char(item))}")
         _unit_settings(doc, where + (role,), role, settings or {})
     return {r: dict(s or {}) for r, s in roles.items()}
 

@@ -39,7 +39,7 @@ class Hosts:
             tree = self.target or (Path(host.tree) if host.tree else None)
             return LocalTransport(tree or local_target(self.series, provision_local,
                                                        self.progress))
-        if self.target is not None and not inv.REMOTE_PATH.match(str(self.target)):
+        if self.target is not None and not inv.REMOTE_PATH.ok(str(self.target)):
             raise UsageError(f"--target {str(self.target)!r}: use an absolute path (or ~/...) "
                              f"of letters, digits and _./+@- on {spec}")
         from .ssh import SshTransport

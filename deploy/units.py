@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from patchset import validate
 from patchset.errors import PatchsetError, UsageError
 
 ROLES = ("prefill", "decode", "router")
@@ -42,18 +43,18 @@ DEFAULT_TRANSFER_BACKEND = "mooncake"
 # A value that is safe in a unit file without quoting (after % and $ escaping).
 _UNIT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\"'\\]")
 _ENV_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")   # tab is allowed
-_ENV_PLAIN = re.compile(r"^[A-Za-z0-9_./:,=+@%-]*$")
-_WORD_PLAIN = re.compile(r"^[A-Za-z0-9_./:,=+@%-]+$")
+_ENV_PLAIN = re.compile(r"[A-Za-z0-9_./:,=+@%-]*")          # used with fullmatch
+_WORD_PLAIN = re.compile(r"[A-Za-z0-9_./:,=+@%-]+")
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PATCH_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-GPUS = re.compile(r"^[0-9]{1,3}(?:,[0-9]{1,3})*$")
-BIND = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]+)$")
-MODEL = re.compile(r"^[A-Za-z0-9_./+@:-]+$")
-TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-URL = re.compile(r"^https?://(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?/?$")
-ABS_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]*$")
+ENV_NAME = validate.ENV_NAME
+PATCH_NAME = validate.PATCH_NAME
+GPUS = validate.GPUS
+BIND = validate.BIND
+MODEL = validate.MODEL
+TOKEN = validate.TOKEN
+USER = validate.USER
+URL = validate.HTTP_URL
+ABS_PATH = validate.ABS_PATH
 
 # Env variables deploy owns: set them with the role settings, never in `env`.
 MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONPATH", "PATCHSET_PATCHES",
@@ -94,7 +95,7 @@ def exec_word(value: str, what: str = "argument") -> str:
     if value == "" or value.strip() in (";", ""):
         raise SettingError((), f"{what} {value!r} is empty or a command separator")
     escaped = unit_value(value, what)
-    return escaped if _WORD_PLAIN.match(value) else f'"{escaped}"'
+    return escaped if _WORD_PLAIN.fullmatch(value) else f'"{escaped}"'
 
 
 def exec_line(argv: list[str]) -> str:
@@ -109,7 +110,7 @@ def env_value(value: str, what: str = "value") -> str:
     if bad:
         raise SettingError((), f"{what} {value!r} contains {_describe(bad.group())}: env "
                            "values take no newlines or control characters")
-    if _ENV_PLAIN.match(value):
+    if _ENV_PLAIN.fullmatch(value):
         return value
     return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
 
@@ -150,9 +151,9 @@ def _describe(char: str) -> str:
 
 # ---------------------------------------------------------------- the settings schema
 
-def _pattern(regex: re.Pattern, what: str) -> Callable[[Any], Any]:
+def _pattern(rule: validate.Rule, what: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
-        if not isinstance(value, str) or not regex.match(value):
+        if not rule.ok(value):
             raise SettingError((), f"{value!r} is not {what}")
         return value
     return check
@@ -203,7 +204,7 @@ def _env(value: Any) -> dict[str, str]:
         raise SettingError((), "must be a mapping NAME: value")
     out = {}
     for name, item in value.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
+        if not ENV_NAME.ok(name):
             raise SettingError((name,), f"{name!r} is not an environment variable name")
         if name in MANAGED_ENV:
             raise SettingError((name,), f"{name} is set by deploy (use gpus / tree / the "
@@ -228,7 +229,7 @@ def _urls(value: Any) -> list[dict]:
         if unknown:
             raise SettingError((index, min(unknown)), "unknown key (allowed: url, "
                                "bootstrap_port)")
-        if not isinstance(entry.get("url"), str) or not URL.match(entry["url"]):
+        if not URL.ok(entry.get("url")):
             raise SettingError((index,), f"{entry.get('url')!r} is not an http(s)://host:port "
                                "URL")
         if "bootstrap_port" in entry:
@@ -376,7 +377,7 @@ def patches_value(applied: list[dict], role: str) -> str:
     words = []
     for a in role_patches(applied, role):
         name, sha = str(a.get("name")), str(a.get("sha256") or "")
-        if not PATCH_NAME.match(name) or not re.match(r"^[0-9a-f]{12,64}$", sha):
+        if not PATCH_NAME.ok(name) or not validate.SHORT_SHA.ok(sha):
             raise UsageError(f"the host's state lists a patch {name!r} with sha256 {sha!r}: "
                              "not a valid patch record (is the state damaged?)")
         words.append(f"{name}:{sha[:12]}")
@@ -392,12 +393,11 @@ def role_gates(applied: list[dict], role: str) -> tuple[dict[str, str], dict[str
         if not gate:
             continue
         name, on = gate.get("env"), gate.get("on")
-        if not isinstance(name, str) or not ENV_NAME.match(name) or name in MANAGED_ENV:
+        if not ENV_NAME.ok(name) or name in MANAGED_ENV:
             raise UsageError(f"patch {a.get('name')}: gate variable {name!r} is not usable")
-        try:
-            env_value(str(on), f"patch {a.get('name')} gate value")
-        except SettingError as exc:
-            raise UsageError(str(exc)) from None
+        if not validate.GATE_VALUE.ok(on):
+            raise UsageError(f"patch {a.get('name')}: gate value {validate.printable(repr(on))} "
+                             f"is not {validate.GATE_VALUE.what}")
         if name in gates and gates[name] != str(on):
             raise UsageError(f"patches {', '.join(sources[name])} and {a.get('name')} gate on "
                              f"{name} with different values ({gates[name]!r}, {str(on)!r})")
@@ -418,7 +418,7 @@ def resolve(host: Any, roles: list[str], tree: str, state: dict | None,
     """The units of `roles` on `host`, from the inventory and the host's state."""
     applied = (state or {}).get("applied", [])
     python = getattr(host, "python", None) or "python3"
-    if not ABS_PATH.match(python):
+    if not ABS_PATH.ok(python):
         raise UsageError(f"{host.name}: hosts.{host.name}.python must be an absolute path to "
                          f"deploy units (got {python!r})")
     out = {}

@@ -25,7 +25,7 @@ class ManifestError(PatchsetError):
     exit_code = EXIT_BAD_INPUT
 
     def __init__(self, file: str, line: int | None, field: str, message: str) -> None:
-        self.file, self.line, self.field = file, line, field
+        self.file, self.line, self.field, self.message = file, line, field, message
         where = f"{file}:{line}" if line else file
         super().__init__(f"{where}: {field}: {message}")
 

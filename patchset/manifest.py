@@ -7,19 +7,19 @@ Each error is one line naming file, line and field (ManifestError).
 from __future__ import annotations
 
 import hashlib
-import re
+from datetime import date
 from pathlib import Path
 from typing import Any
 
-from . import patchfile, yamlsrc
+from . import factnames, inputfile, patchfile, validate, yamlsrc
 from .errors import ManifestError
-from .model import (FACT_NAMESPACES, PATHS, REQUIRE_OPS, TIERS, UPSTREAM_STATUSES, Gate,
+from .model import (PATHS, REQUIRE_OPS, TIERS, UPSTREAM_STATUSES, Gate,
                     GitPin, Patch, PypiPin, Requirement, Series, UpstreamPin)
 from .yamlsrc import Located
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+NAME = validate.PATCH_NAME
+ENV_NAME = validate.ENV_NAME
+SHA256 = validate.SHA256
 TOP_KEYS = {"version": False, "upstream": True, "series": True, "upstreamed": False}
 UPSTREAM_KEYS = {"name": True, "version": True, "git": False, "pypi": False, "layout": False}
 GIT_KEYS = {"url": True, "ref": True}
@@ -38,13 +38,10 @@ MANIFEST_VERSION = 1
 
 def load_series(manifest: str | Path) -> Series:
     path = Path(manifest)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         raise ManifestError(str(path), None, "(file)", "not found (run from the series "
-                            "directory or pass --series PATH)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(str(path), None, "(file)", f"cannot read: {exc}") from None
+                            "directory or pass --series PATH)")
+    text = inputfile.read_text(path, inputfile.MANIFEST_LIMIT, "manifest")
     doc = yamlsrc.load(text, str(path))
     _keys(doc, (), doc.data, TOP_KEYS)
     version = doc.data.get("version", MANIFEST_VERSION)
@@ -71,15 +68,35 @@ def _keys(doc: Located, where: tuple, value: Any, allowed: dict[str, bool]) -> d
     return value
 
 
-def _string(doc: Located, where: tuple, value: Any, pattern: re.Pattern | None = None,
+def _string(doc: Located, where: tuple, value: Any, pattern: validate.Rule | None = None,
             choices: tuple[str, ...] | None = None) -> str:
+    """A one-line string: never a control character (it would reach a message, an env
+    file or a command line), matched whole against `pattern`."""
     if not isinstance(value, str) or not value:
-        raise doc.error(where, f"must be a non-empty string, got {value!r}")
+        raise doc.error(where, f"must be a non-empty string, got {_shown(value)}")
+    bad = validate.control_char(value)
+    if bad:
+        raise doc.error(where, f"{value!r} contains {validate.describe(bad)}")
     if choices and value not in choices:
         raise doc.error(where, f"{value!r} is not one of {', '.join(choices)}")
-    if pattern and not pattern.match(value):
-        raise doc.error(where, f"{value!r} does not match {pattern.pattern}")
+    if pattern and not pattern.ok(value):
+        raise doc.error(where, f"{value!r} is not {pattern.what}")
     return value
+
+
+def _scalar_text(doc: Located, where: tuple, value: Any, pattern: validate.Rule) -> str:
+    """A field YAML may type as a number or a date (`version: 0.5`, `since: 2026-01-02`):
+    only plain scalars are read as their text; mappings, lists and floats are refused."""
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        return _string(doc, where, str(value), pattern)
+    if isinstance(value, date):
+        return _string(doc, where, value.isoformat(), pattern)
+    raise doc.error(where, f"must be a string (quote it in YAML), got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _upstream(doc: Located) -> UpstreamPin:
@@ -96,11 +113,13 @@ def _upstream(doc: Located) -> UpstreamPin:
         pypi = PypiPin(requirement=_string(doc, w + ("requirement",), p["requirement"]),
                        file=_string(doc, w + ("file",), p["file"]),
                        sha256=_string(doc, w + ("sha256",), p["sha256"], SHA256),
-                       python_version=_string(doc, w + ("python_version",),
-                                              str(p["python_version"])),
-                       platform=_string(doc, w + ("platform",), p["platform"]))
-        if "/" in pypi.file or pypi.file.startswith("."):
-            raise doc.error(w + ("file",), f"{pypi.file!r} must be a bare file name")
+                       python_version=_scalar_text(doc, w + ("python_version",),
+                                                   p["python_version"],
+                                                   validate.PYTHON_VERSION),
+                       platform=_string(doc, w + ("platform",), p["platform"],
+                                        validate.PLATFORM))
+        if not validate.WHEEL_FILE.ok(pypi.file) or pypi.file.startswith("."):
+            raise doc.error(w + ("file",), f"{pypi.file!r} must be a bare wheel file name")
     if git is None and pypi is None:
         raise doc.error(where, "needs `git` or `pypi` (or both) to provision the base")
     prefix = "python/"
@@ -111,7 +130,8 @@ def _upstream(doc: Located) -> UpstreamPin:
             raise doc.error(where + ("layout", "git_prefix"),
                             f"{prefix!r} must be a relative directory ending in '/'")
     return UpstreamPin(name=_string(doc, where + ("name",), up["name"], NAME),
-                       version=_string(doc, where + ("version",), str(up["version"])),
+                       version=_scalar_text(doc, where + ("version",), up["version"],
+                                            validate.VERSION),
                        git=git, pypi=pypi, git_prefix=prefix)
 
 
@@ -121,6 +141,7 @@ def _patches(doc: Located, root: Path, git_prefix: str) -> list[Patch]:
         raise doc.error(("series",), "must be a list of patches")
     patches: list[Patch] = []
     seen: dict[str, int] = {}
+    total = 0
     for index, entry in enumerate(entries):
         name = entry.get("name") if isinstance(entry, dict) else None
         if isinstance(name, str) and name in seen:
@@ -129,6 +150,10 @@ def _patches(doc: Located, root: Path, git_prefix: str) -> list[Patch]:
         patch = _patch(doc, ("series", index), entry, root, git_prefix)
         seen[patch.name] = patch.line
         patches.append(patch)
+        total += (root / patch.file).stat().st_size
+        if total > inputfile.SERIES_LIMIT:
+            raise doc.error(("series", index, "file"), "the series' patch files together are "
+                            f"larger than {inputfile.size_text(inputfile.SERIES_LIMIT)}")
     return patches
 
 
@@ -173,19 +198,13 @@ def _patch_file_name(doc: Located, where: tuple, value: Any) -> str:
 
 
 def _read_patch(doc: Located, where: tuple, path: Path) -> bytes:
+    if not path.exists() and not path.is_symlink():
+        raise doc.error(where, f"{path} does not exist")
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise doc.error(where, f"{path} does not exist") from None
-    except OSError as exc:
-        raise doc.error(where, f"cannot read {path}: {exc.strerror}") from None
-    if b"\0" in data:
-        raise doc.error(where, f"{path} is binary")
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise doc.error(where, f"{path} is not UTF-8 text") from None
-    return data
+        text = inputfile.read_text(path, inputfile.PATCH_LIMIT, "patch file")
+    except ManifestError as exc:
+        raise doc.error(where, f"{path}: {exc.message}") from None
+    return text.encode("utf-8")
 
 
 def _gate(doc: Located, where: tuple, value: Any) -> Gate | None:
@@ -196,9 +215,10 @@ def _gate(doc: Located, where: tuple, value: Any) -> Gate | None:
     g = _keys(doc, where, value, GATE_KEYS)
     on = g["on"]
     if not isinstance(on, str):
-        raise doc.error(where + ("on",), f"must be a quoted string (e.g. \"1\"), got {on!r}")
+        raise doc.error(where + ("on",), f"must be a quoted string (e.g. \"1\"), got "
+                        f"{_shown(on)}")
     return Gate(env=_string(doc, where + ("env",), g["env"], ENV_NAME),
-                on=_string(doc, where + ("on",), on))
+                on=_string(doc, where + ("on",), on, validate.GATE_VALUE))
 
 
 def _names(doc: Located, where: tuple, value: Any) -> tuple[str, ...]:
@@ -220,10 +240,9 @@ def _requires(doc: Located, where: tuple, value: Any) -> tuple[Requirement, ...]
 def _requirement(doc: Located, where: tuple, item: Any) -> Requirement:
     r = _keys(doc, where, item, REQUIRE_KEYS)
     fact = _string(doc, where + ("fact",), r["fact"])
-    namespace, _, name = fact.partition(".")
-    if namespace not in FACT_NAMESPACES or not name:
-        raise doc.error(where + ("fact",), f"{fact!r} must be <namespace>.<name> with "
-                        f"namespace one of {', '.join(FACT_NAMESPACES)}")
+    bad = factnames.problem(fact)
+    if bad:
+        raise doc.error(where + ("fact",), bad)
     op = _string(doc, where + ("op",), r["op"], choices=REQUIRE_OPS)
     value = r["value"]
     if op in ("in", "not_in"):
@@ -231,10 +250,19 @@ def _requirement(doc: Located, where: tuple, item: Any) -> Requirement:
             raise doc.error(where + ("value",), f"op {op} needs a list of scalars")
         value = tuple(value)
     elif not _scalar(value):
-        raise doc.error(where + ("value",), f"op {op} needs a scalar value, got {value!r}")
+        raise doc.error(where + ("value",), f"op {op} needs a scalar value, got "
+                        f"{_shown(value)}")
+    items = value if isinstance(value, tuple) else (value,)
+    for item in items:
+        if isinstance(item, str) and validate.control_char(item):
+            raise doc.error(where + ("value",), f"{item!r} contains "
+                            f"{validate.describe(validate.control_char(item))}")
+    bad = factnames.value_problem(fact, items)
+    if bad:
+        raise doc.error(where + ("value",), bad)
     why = r.get("why", "")
-    if not isinstance(why, str):
-        raise doc.error(where + ("why",), "must be a string")
+    if why != "":
+        why = _string(doc, where + ("why",), why)
     return Requirement(fact=fact, op=op, value=value, why=why)
 
 
@@ -286,7 +314,7 @@ def _check_upstreamed(doc: Located, patches: list[Patch]) -> None:
         _string(doc, where + ("summary",), entry["summary"])
         _string(doc, where + ("upstream_status",), entry["upstream_status"],
                 choices=("accepted",))
-        _string(doc, where + ("since",), str(entry["since"]))
+        _scalar_text(doc, where + ("since",), entry["since"], validate.VERSION)
 
 
 def _check_cycles(doc: Located, patches: list[Patch]) -> None:

@@ -21,7 +21,6 @@ UPSTREAM_STATUSES = (
     "inactive-upstream",
 )
 REQUIRE_OPS = ("eq", "ne", "in", "not_in")
-FACT_NAMESPACES = ("gpu", "server", "env", "checkpoint", "unit", "patch")
 
 
 @dataclass(frozen=True)

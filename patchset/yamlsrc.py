@@ -42,9 +42,43 @@ def field_name(path: Path_) -> str:
     return out or "(document)"
 
 
+# Bounds on what a document may expand to. The shipped manifest is 6 levels deep and has
+# about 900 nodes; an alias bomb (`a: &a [x, x]`, `b: &b [*a, *a]`, ...) expands to
+# 2**N nodes from N lines and is refused by counting, before anything is constructed.
+MAX_DEPTH = 32
+MAX_NODES = 100_000
+MAX_INT_DIGITS = 30
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose scalars cannot raise outside YAMLError: a 10**6-digit integer or
+    an impossible date (`2026-13-45`) becomes a positioned error, not a traceback."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = str(node.value).replace("_", "").lstrip("+-")
+        if len(digits) > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"integer with {len(digits)} digits (at most {MAX_INT_DIGITS})",
+                node.start_mark)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
+        try:
+            return super().construct_yaml_timestamp(node)
+        except (ValueError, OverflowError, TypeError):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is not a valid date (quote it to mean text)",
+                node.start_mark) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
+
+
 def load(text: str, file: str) -> Located:
     try:
-        loader = yaml.SafeLoader(text)
+        _check_bounds(text, file)
+        loader = _Loader(text)
         try:
             node = loader.get_single_node()
             data = loader.construct_document(node) if node is not None else None
@@ -55,6 +89,8 @@ def load(text: str, file: str) -> Located:
         line = mark.line + 1 if mark else None
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ManifestError(file, line, "(yaml)", f"invalid YAML: {problem}") from None
+    except (ValueError, OverflowError, TypeError, RecursionError) as exc:
+        raise ManifestError(file, None, "(yaml)", f"invalid YAML: {exc}") from None
     lines: dict[Path_, int] = {}
     if node is not None:
         lines[()] = node.start_mark.line + 1
@@ -62,10 +98,46 @@ def load(text: str, file: str) -> Located:
     return Located(file, data, lines)
 
 
+def _check_bounds(text: str, file: str) -> None:
+    """One pass over the parser's events (iterative, so depth cannot overflow the stack):
+    nesting depth, and the node count with every alias expanded."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[None, 0]]          # [anchor, nodes so far] per open collection
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            stack.append([event.anchor, 1])
+            if len(stack) - 1 > MAX_DEPTH:
+                raise _bound(file, event, f"nested deeper than {MAX_DEPTH} levels")
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, count = stack.pop()
+            if anchor:
+                sizes[anchor] = count
+            stack[-1][1] += count
+        elif isinstance(event, yaml.AliasEvent):
+            stack[-1][1] += sizes.get(event.anchor, 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            stack[-1][1] += 1
+            if event.anchor:
+                sizes[event.anchor] = 1
+        else:
+            continue
+        if sum(level[1] for level in stack) > MAX_NODES:
+            raise _bound(file, event, f"expands to more than {MAX_NODES} nodes (aliases "
+                         "included)")
+
+
+def _bound(file: str, event: Any, message: str) -> ManifestError:
+    return ManifestError(file, event.start_mark.line + 1, "(yaml)", f"refused: {message}")
+
+
 def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> None:
     if isinstance(node, yaml.MappingNode):
         seen: set[Any] = set()
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise ManifestError(file, key_node.start_mark.line + 1, field_name(path),
+                                    "a key must be a plain scalar, not a list or mapping")
             key = key_node.value
             child = path + (key,)
             if key in seen:

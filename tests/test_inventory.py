@@ -78,7 +78,7 @@ def test_hostile_values_rejected_with_file_line_field(tmp_path: Path, key: str, 
 def test_role_values_with_newlines_rejected(tmp_path: Path) -> None:
     path = write(tmp_path, 'hosts:\n  g:\n    roles:\n      decode: {extra_args: "a\\nb"}\n')
     with pytest.raises(ManifestError, match=r"hosts\.g\.roles\.decode\.extra_args: must not "
-                                            r"contain newlines"):
+                                            r"contain a newline"):
         load(path)
 
 

@@ -43,9 +43,9 @@ YAML_CASES = [
     ("bad-path", entry(0, path="sideways"), "series[0].path", "not one of", "path: sideways"),
     ("bad-status", entry(0, upstream_status="merged"), "series[0].upstream_status",
      "not one of", "upstream_status: merged"),
-    ("unsafe-name", entry(0, name="x; rm -rf /"), "series[0].name", "does not match",
+    ("unsafe-name", entry(0, name="x; rm -rf /"), "series[0].name", "is not a patch name",
      "name: x; rm"),
-    ("upper-name", entry(0, name="Chat"), "series[0].name", "does not match", "name: Chat"),
+    ("upper-name", entry(0, name="Chat"), "series[0].name", "is not a patch name", "name: Chat"),
     ("dup-name", entry(1, name="chat-a"), "series[1].name", "duplicate patch name",
      "name: chat-a", 1),
     ("missing-file", entry(0, file="patches/nope.patch"), "series[0].file", "does not exist",
@@ -67,21 +67,21 @@ YAML_CASES = [
     ("gate-not-string", entry(2, gate={"env": "TRITON_INDEXER", "on": 1}), "series[2].gate.on",
      "quoted string", "'on': 1"),
     ("gate-bad-env", entry(2, gate={"env": "A B", "on": "1"}), "series[2].gate.env",
-     "does not match", "env: A B"),
+     "is not an environment variable name", "env: A B"),
     ("gate-extra", entry(2, gate={"env": "X", "on": "1", "off": "0"}), "series[2].gate.off",
      "unknown key", "'off':"),
     ("requires-namespace", entry(0, requires=[{"fact": "cpu.arch", "op": "eq", "value": "x"}]),
      "series[0].requires[0].fact", "namespace", "fact: cpu.arch"),
-    ("requires-op", entry(0, requires=[{"fact": "gpu.arch", "op": "gt", "value": "x"}]),
+    ("requires-op", entry(0, requires=[{"fact": "gpu.compute_cap", "op": "gt", "value": "x"}]),
      "series[0].requires[0].op", "not one of", "op: gt"),
-    ("requires-in-scalar", entry(0, requires=[{"fact": "gpu.arch", "op": "in", "value": "x"}]),
+    ("requires-in-scalar", entry(0, requires=[{"fact": "gpu.compute_cap", "op": "in", "value": "x"}]),
      "series[0].requires[0].value", "needs a list", "value: x"),
     ("requires-patch", entry(0, requires=[{"fact": "patch.ghost", "op": "eq", "value": "x"}]),
      "series[0].requires[0].fact", "unknown patch", "fact: patch.ghost"),
     ("missing-tier", lambda d: d["series"][0].pop("tier"), "series[0]", "missing required key",
      "- name: chat-a"),
     ("bad-sha", lambda d: d["upstream"]["pypi"].update(sha256="abc"), "upstream.pypi.sha256",
-     "does not match", "sha256: abc"),
+     "is not a 64-hex sha256", "sha256: abc"),
     ("no-source", lambda d: (d["upstream"].pop("git"), d["upstream"].pop("pypi")), "upstream",
      "needs `git` or `pypi`", "upstream:"),
     ("series-not-list", lambda d: d.update(series={"a": 1}), "series", "must be a list",
@@ -167,7 +167,7 @@ def test_patch_file_errors(series_dir: Path, case: tuple) -> None:
 
 def test_binary_patch_file_rejected(series_dir: Path) -> None:
     (series_dir / "patches" / "chat-a.patch").write_bytes(b"\x00\x01binary")
-    with pytest.raises(ManifestError, match=r"series\[0\]\.file: .* is binary"):
+    with pytest.raises(ManifestError, match=r"series\[0\]\.file: .* binary data"):
         load_series(series_dir / "patches.yaml")
 
 

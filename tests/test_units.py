@@ -224,7 +224,7 @@ def test_render_time_refusals_name_what_to_fix() -> None:
                                                           gate={"env": "TRITON_INDEXER",
                                                                 "on": "2"})],
          "gate on TRITON_INDEXER with different values"),
-        (host(), [dict(APPLIED[2], gate={"env": "A", "on": "x\ny"})], "no newlines"),
+        (host(), [dict(APPLIED[2], gate={"env": "A", "on": "x\ny"})], "is not a plain gate value"),
     ]
     for h, applied, message in cases:
         with pytest.raises(UsageError, match=message):

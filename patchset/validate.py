@@ -1,0 +1,79 @@
+"""The one validation layer for strings that come from outside: manifests, inventories,
+the command line.
+
+Every check is a *whole-string* match (`re.fullmatch`): a pattern written `^...$` and used
+with `re.match` accepts a trailing newline (Python's `$` matches before a final `\\n`), so
+`"gpu1\\n"` would reach the network and a gate value `"1\\nLD_PRELOAD=..."` an env file.
+Patterns here carry no anchors at all; `tests/test_hardening_validate.py` asserts that no
+product module keeps a `$`-anchored pattern.
+
+Standard library only: deploy/units.py and the host-side modules import it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# C0 and C1 controls, DEL, and the Unicode line/paragraph separators: none of them may
+# travel from input into an env file, a unit, a command line or a message.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NO_TAB = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named whole-string pattern; `what` completes "is not ..." in messages."""
+
+    regex: str
+    what: str
+
+    def ok(self, value: object) -> bool:
+        return isinstance(value, str) and re.fullmatch(self.regex, value) is not None
+
+
+PATCH_NAME = Rule(r"[a-z0-9][a-z0-9-]{0,62}", "a patch name ([a-z0-9-], at most 63)")
+ENV_NAME = Rule(r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name")
+# A gate's "on" value lands in an env file and is compared with a process's environ:
+# a plain token, never a second assignment or a shell word.
+GATE_VALUE = Rule(r"[A-Za-z0-9_.:,+-]{1,64}", "a plain gate value (letters, digits, "
+                  "_ . : , + -)")
+SHA256 = Rule(r"[0-9a-f]{64}", "a 64-hex sha256")
+BLOB_ID = Rule(r"[0-9a-f]{40}", "a full 40-hex git blob id")
+SHORT_SHA = Rule(r"[0-9a-f]{12,64}", "a hex digest (12-64)")
+VERSION = Rule(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}", "a version (e.g. 0.5.14)")
+PYTHON_VERSION = Rule(r"[0-9]\.[0-9]{1,2}", "a Python version like 3.11")
+PLATFORM = Rule(r"[A-Za-z0-9_.]{1,100}", "a wheel platform tag")
+WHEEL_FILE = Rule(r"[A-Za-z0-9_.+!-]{1,200}\.whl", "a wheel file name")
+HOST_NAME = Rule(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", "an inventory host name")
+ADDRESS = Rule(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]",
+               "a host name or address")
+BIND = Rule(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}", "a bind address")
+USER = Rule(r"[a-z_][a-z0-9_.-]{0,31}", "a user name")
+ABS_PATH = Rule(r"/[A-Za-z0-9_./+@-]{0,4095}", "an absolute path")
+REMOTE_PATH = Rule(r"(?:~/|/)[A-Za-z0-9_./+@-]{0,4095}", "an absolute or ~/ path")
+KEY_FILE = Rule(r"~?/[A-Za-z0-9_./+@-]{0,4095}", "a key file path")
+PROXY_JUMP = Rule(r"[A-Za-z0-9_.@:,\[\]][A-Za-z0-9_.@:,\[\]-]{0,511}", "a ProxyJump spec")
+GPUS = Rule(r"[0-9]{1,3}(?:,[0-9]{1,3}){0,255}", "a GPU list like \"0,1,2,3\"")
+MODEL = Rule(r"[A-Za-z0-9_./+@:][A-Za-z0-9_./+@:-]{0,4095}", "a model path or id")
+TOKEN = Rule(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}", "a plain token")
+HTTP_URL = Rule(r"https?://(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])"
+                r"(?::[0-9]{1,5})?/?", "an http(s)://host:port URL")
+
+
+def control_char(value: str, allow_tab: bool = False) -> str | None:
+    """The first control character in `value`, or None."""
+    found = (_CONTROL_NO_TAB if allow_tab else CONTROL).search(value)
+    return found.group() if found else None
+
+
+def printable(text: str) -> str:
+    """`text` with every control character shown as an escape (`\\x1b`, `\\n`, `\\r`):
+    messages quote input, and input must never move the cursor or clear a terminal."""
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def describe(char: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte",
+             "\t": "a tab", "\x1b": "an escape character"}
+    return names.get(char) or "control character " + printable(char)

@@ -11,6 +11,8 @@ EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_FAILED = 4
+EXIT_INTERNAL = 70        # a bug: a short trace here, the full one in the debug log
+EXIT_INTERRUPTED = 130    # Ctrl-C
 
 
 class PatchsetError(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from . import validate
 from .errors import ManifestError
 from .model import FileChange
 
@@ -18,11 +19,11 @@ HEADER_KEYS = (
     "Applied-Upstream", "Reviewed-by", "Last-Update", "Upstream-Status", "Patchset-Name",
 )
 REQUIRED_HEADER = ("Author", "Forwarded", "Last-Update", "Patchset-Name")
-HEADER_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)$")
-DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: ([0-7]{6}))?$")
-SAFE_PATH = re.compile(r"^[A-Za-z0-9_.+@/-]+$")
-HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
+HEADER_LINE = re.compile(r"([A-Za-z][A-Za-z0-9-]*):[ \t]*(.*)")        # fullmatch
+DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+INDEX_LINE = re.compile(r"index ([0-9a-f]+)\.\.([0-9a-f]+)(?: ([0-7]{6}))?")
+SAFE_PATH = re.compile(r"[A-Za-z0-9_.+@/-]+")
+HUNK = re.compile(r"@@ -[0-9]{1,9}(?:,([0-9]{1,9}))? \+[0-9]{1,9}(?:,([0-9]{1,9}))? @@")
 ZERO = "0" * 40
 FILE_HEADER_LINES = ("diff --git ", "index ", "--- ", "+++ ", "new file mode ",
                      "deleted file mode ", "old mode ", "new mode ", "similarity index ",
@@ -65,7 +66,10 @@ def _parse_header(lines: list[str], file: str) -> dict[str, str]:
         if line[0] in " \t" and key:
             header[key] += "\n" + line.strip()
             continue
-        match = HEADER_LINE.match(line)
+        bad = validate.control_char(line, allow_tab=True)
+        if bad:
+            raise ManifestError(file, number, "header", f"contains {validate.describe(bad)}")
+        match = HEADER_LINE.fullmatch(line)
         if not match:
             raise ManifestError(file, number, "header", f"not a `Key: value` line: {line[:60]!r}")
         key, value = match.groups()
@@ -85,44 +89,114 @@ def _check_header(header: dict[str, str], file: str) -> None:
     for key in REQUIRED_HEADER:
         if not header.get(key):
             raise ManifestError(file, 1, f"header.{key}", "missing required header field")
-    if not DATE.match(header["Last-Update"]):
+    if not DATE.fullmatch(header["Last-Update"]):
         raise ManifestError(file, 1, "header.Last-Update",
                             f"{header['Last-Update']!r} is not a YYYY-MM-DD date")
 
 
 def _check_raw_diff(lines: list[str], start: int, file: str) -> None:
     """Things unidiff accepts silently but we refuse: binary, renames, short blob ids,
-    unsafe paths, and lines that are neither file headers nor hunk content."""
-    in_hunk = False
-    for number in range(start, len(lines)):
+    unsafe paths, hunks whose header counts disagree with their lines, and anything after a
+    hunk that is not a new file section (shown by `show`, ignored by `git apply`: what is
+    reviewed must be exactly what is applied)."""
+    end = len(lines) - 1 if lines and lines[-1] == "" else len(lines)   # text ends in \n
+    hunk = _Hunk()
+    for number in range(start, end):
         line = lines[number]
+        if hunk.open:
+            hunk.take(line, number + 1, file)
+            continue
+        if line.startswith("@@"):
+            hunk = _Hunk.start(line, number + 1, file)
+            continue
         if line.startswith("diff --git "):
-            in_hunk = False
-        elif line.startswith("@@"):
-            if not HUNK.match(line):
-                raise ManifestError(file, number + 1, "diff.hunk",
-                                    f"malformed hunk header {line[:40]!r}")
-            in_hunk = True
-            continue
-        if in_hunk:
-            if line and line[0] not in " +-\\":
-                raise ManifestError(file, number + 1, "diff.hunk",
-                                    f"not a diff line: {line[:40]!r}")
-            continue
-        if line and not line.startswith(FILE_HEADER_LINES):
-            raise ManifestError(file, number + 1, "diff", f"not a diff line: {line[:40]!r}")
-        if line.startswith(("diff --git ", "--- ", "+++ ")) and _unsafe_header_path(line):
-            raise ManifestError(file, number + 1, "diff.path", f"{line!r} points outside the tree")
-        if line.startswith(("GIT binary patch", "Binary files ")):
-            raise ManifestError(file, number + 1, "diff", "binary diffs are not supported")
-        if line.startswith(("rename from ", "copy from ", "similarity index ")):
-            raise ManifestError(file, number + 1, "diff",
-                                "renames/copies are not supported (use `git diff --no-renames`)")
-        if line.startswith("index "):
-            match = INDEX_LINE.match(line)
-            if not match or len(match.group(1)) != 40 or len(match.group(2)) != 40:
-                raise ManifestError(file, number + 1, "diff.index",
-                                    "blob ids must be full 40-hex (use `git diff --full-index`)")
+            hunk = _Hunk()
+        elif hunk.seen:
+            if line.startswith("\\") and hunk.ended == number:
+                continue
+            raise ManifestError(file, number + 1, "diff.hunk",
+                                f"{_quote(line)} follows the hunk of line {hunk.line}, which "
+                                f"its header ({hunk.header}) already closed: only a new "
+                                "`diff --git` section may follow")
+        _check_file_header(line, number + 1, file)
+    if hunk.open:
+        raise hunk.short(file)
+
+
+class _Hunk:
+    """Lines still owed to the hunk being read, from its `@@ -a,b +c,d @@` header."""
+
+    def __init__(self, old: int = 0, new: int = 0, line: int = 0, header: str = "") -> None:
+        self.old, self.new, self.line, self.header = old, new, line, header
+        self.seen = line > 0          # a hunk of this file section has been read
+        self.ended = 0                # 0-based index of the line after the hunk's last
+
+    @classmethod
+    def start(cls, text: str, number: int, file: str) -> "_Hunk":
+        match = HUNK.match(text)
+        if not match:
+            raise ManifestError(file, number, "diff.hunk", f"malformed hunk header "
+                                f"{_quote(text)}")
+        old, new = (1 if n is None else int(n) for n in (match.group(1), match.group(2)))
+        if old == new == 0:
+            raise ManifestError(file, number, "diff.hunk", "hunk header counts no lines")
+        hunk = cls(old, new, number, match.group(0))
+        hunk.ended = number
+        return hunk
+
+    @property
+    def open(self) -> bool:
+        return self.old > 0 or self.new > 0
+
+    def take(self, line: str, number: int, file: str) -> None:
+        kind = line[:1]
+        if kind in (" ", ""):            # git reads an empty line as empty context
+            self.old, self.new = self.old - 1, self.new - 1
+        elif kind == "-":
+            self.old -= 1
+        elif kind == "+":
+            self.new -= 1
+        elif kind == "\\":
+            return
+        else:
+            raise self.short(file, number, line)
+        if self.old < 0 or self.new < 0:
+            side = "removed/context" if self.old < 0 else "added/context"
+            raise ManifestError(file, number, "diff.hunk", f"the hunk of line {self.line} "
+                                f"has more {side} lines than its header ({self.header}) "
+                                "counts")
+        self.ended = number
+
+    def short(self, file: str, number: int | None = None, line: str = "") -> ManifestError:
+        owed = (f"{self.old} old and {self.new} new line(s) fewer than its header "
+                f"({self.header}) counts")
+        if number:
+            return ManifestError(file, number, "diff.hunk", f"not a diff line: {_quote(line)} "
+                                 f"(the hunk of line {self.line} has {owed})")
+        return ManifestError(file, self.line, "diff.hunk", f"the hunk of line {self.line} "
+                             f"ends at the end of the file with {owed}")
+
+
+def _check_file_header(line: str, number: int, file: str) -> None:
+    if line and not line.startswith(FILE_HEADER_LINES):
+        raise ManifestError(file, number, "diff", f"not a diff line: {_quote(line)}")
+    if line.startswith(("diff --git ", "--- ", "+++ ")) and _unsafe_header_path(line):
+        raise ManifestError(file, number, "diff.path", f"{_quote(line)} points outside the "
+                            "tree")
+    if line.startswith(("GIT binary patch", "Binary files ")):
+        raise ManifestError(file, number, "diff", "binary diffs are not supported")
+    if line.startswith(("rename from ", "copy from ", "similarity index ")):
+        raise ManifestError(file, number, "diff",
+                            "renames/copies are not supported (use `git diff --no-renames`)")
+    if line.startswith("index "):
+        match = INDEX_LINE.fullmatch(line)
+        if not match or len(match.group(1)) != 40 or len(match.group(2)) != 40:
+            raise ManifestError(file, number, "diff.index",
+                                "blob ids must be full 40-hex (use `git diff --full-index`)")
+
+
+def _quote(line: str) -> str:
+    return repr(line if len(line) <= 60 else line[:57] + "...")
 
 
 def _unsafe_header_path(line: str) -> bool:
@@ -162,7 +236,7 @@ def _checked_path(patched, file: str, offset: int, git_prefix: str) -> str:
         name = raw[2:] if raw[:2] in ("a/", "b/") else raw
         if name.startswith("/") or ".." in name.split("/") or "\\" in name or not name:
             raise ManifestError(file, None, "diff.path", f"{raw!r} points outside the tree")
-        if not SAFE_PATH.match(name):
+        if not SAFE_PATH.fullmatch(name):
             raise ManifestError(file, None, "diff.path", f"{name!r} has characters patchset "
                                 "does not handle (allowed: letters, digits, _ . + @ - /)")
         if not name.startswith(git_prefix):
@@ -183,7 +257,7 @@ def _file_change(patched, path: str, file: str) -> FileChange:
 
 def _blob_ids(patched, file: str) -> tuple[str | None, str | None]:
     for line in str(patched).split("\n"):
-        match = INDEX_LINE.match(line)
+        match = INDEX_LINE.fullmatch(line)
         if match:
             pre, post = match.group(1), match.group(2)
             return (None if pre == ZERO else pre), (None if post == ZERO else post)

@@ -138,7 +138,7 @@ PATCH_CASES = [
      "diff.index", "full 40-hex"),
     ("bad-hunk-header", lambda t: t.replace("@@ -", "@@ -x", 1), "diff.hunk",
      "malformed hunk header"),
-    ("truncated-hunk", lambda t: t.rsplit("\n", 3)[0] + "\n", "diff", "malformed diff"),
+    ("truncated-hunk", lambda t: t.rsplit("\n", 3)[0] + "\n", "diff.hunk", "fewer than its header"),
     ("stray-line", lambda t: t.replace("\n+#", "\nstray\n+#", 1), "diff.hunk",
      "not a diff line"),
     ("no-diff", lambda t: t.split("diff --git")[0], "diff", "no `diff --git`"),

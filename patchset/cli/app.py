@@ -8,6 +8,7 @@ paramiko) are imported only inside the commands that need them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from dataclasses import asdict
@@ -16,10 +17,12 @@ from typing import Any, Optional
 
 import typer
 
-from ..errors import EXIT_BAD_INPUT, EXIT_UNREACHABLE, PatchsetError
+from .. import validate
+from ..errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNREACHABLE,
+                      PatchsetError, UsageError)
 from ..model import Series
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="A quilt-style patch queue for SGLang: strict series, atomic apply, "
                        "exact revert, status and drift.")
 
@@ -155,37 +158,81 @@ def result_line(r, verb: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """One top-level handler: expected errors are one line; others a short trace + log."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        code = app(args=argv, prog_name="patchset", standalone_mode=False)
+        check_arguments(args)
+        if not args:
+            raise UsageError("no command given (see `patchset --help` for the commands)")
+        code = app(args=args, prog_name="patchset", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except PatchsetError as exc:
-        print(f"patchset: error: {exc}", file=sys.stderr)
+        error_line(str(exc))
         details = getattr(exc, "details", "")
         if details:
-            print(details, file=sys.stderr)
+            print(printable_block(details), file=sys.stderr)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
+    except typer.Abort:
+        print("patchset: aborted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("patchset: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place that catches everything
+        usage = _usage_error(exc)
+        if usage is not None:
+            error_line(usage)
+            return EXIT_BAD_INPUT
         return _unexpected(exc)
 
 
+def check_arguments(args: list[str]) -> None:
+    """No argument may carry a control character (a newline in a host name, an ESC in a
+    patch name) into a command line, an env file or a message: refused before parsing."""
+    for index, arg in enumerate(args, start=1):
+        bad = validate.control_char(arg)
+        if bad:
+            raise UsageError(f"argument {index} ({validate.printable(repr(arg))[:80]}) "
+                             f"contains {validate.describe(bad)}")
+
+
+def error_line(message: str) -> None:
+    """The one-line error format: `patchset: error: ...`, control characters escaped."""
+    print(f"patchset: error: {validate.printable(' '.join(message.splitlines()))}",
+          file=sys.stderr)
+
+
+def printable_block(text: str) -> str:
+    """Multi-line details (a diff, a journal tail): each line escaped, the breaks kept."""
+    return "\n".join(validate.printable(line) for line in text.splitlines())
+
+
+def _usage_error(exc: BaseException) -> str | None:
+    """The one line of a click usage error, whichever click typer ships: older typer
+    releases depend on click, 0.2x vendors it as `typer._click` (same class names)."""
+    by_name = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+    if not isinstance(exc, by_name["ClickException"]):
+        return None
+    if exc.__class__.__name__ == "NoArgsIsHelpError" or (
+            isinstance(exc, by_name["UsageError"]) and not str(exc.format_message())):
+        return "no command given (try `patchset --help`)"
+    message = " ".join(str(exc.format_message()).split()).rstrip(".")
+    return message + ("" if not isinstance(exc, by_name["UsageError"])
+                                        else " (see `patchset --help`)")
+
+
 def _unexpected(exc: BaseException) -> int:
-    import click
-    if isinstance(exc, click.exceptions.Abort):
-        print("patchset: aborted", file=sys.stderr)
-        return 130
-    if isinstance(exc, click.ClickException):
-        exc.show()
-        return EXIT_BAD_INPUT
     from ..paths import data_home
     log = data_home() / "debug.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a", encoding="utf-8") as handle:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(traceback.format_exc())
     except OSError:
         pass
     short = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    print(f"patchset: internal error: {short} (full trace in {log})", file=sys.stderr)
-    return 70
+    print(f"patchset: internal error: {validate.printable(short)} (full trace in {log})",
+          file=sys.stderr)
+    return EXIT_INTERNAL

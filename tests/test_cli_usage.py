@@ -1,0 +1,73 @@
+"""CLI smoke tests of usage errors, run as users run the program (a subprocess).
+
+These also run in the drift check (.ci/drift-check) at the newest allowed and the lowest
+allowed dependency versions: typer 0.29 vendors click, older typer releases depend on it,
+and a usage error must be one line and exit 2 on every version pyproject.toml allows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "PATCHSET_HOME": str(home / "ps"),
+           "XDG_CACHE_HOME": str(home / "cache"), "NO_COLOR": "1", "COLUMNS": "100"}
+    return subprocess.run([sys.executable, "-m", "patchset.cli", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+USAGE = [
+    ((), "no command given (see `patchset --help` for the commands)"),
+    (("--bogus",), "such option"),
+    (("list", "--nope"), "--nope"),
+    (("nosuchcommand",), "No such command 'nosuchcommand' (see `patchset --help`)"),
+    (("list", "--tier"), "Option '--tier' requires an argument (see `patchset --help`)"),
+    (("list", "--json=yes"), "Option '--json' does not take a value (see `patchset --help`)"),
+    (("list", "extra", "words"), "unexpected extra argument"),
+    (("show",), "Missing argument 'NAME' (see `patchset --help`)"),
+    (("apply", "--lock-wait", "soon", "localhost"), "--lock-wait"),
+    (("list", "--tier", "safe\n"), "argument 3 ('safe\\n') contains a newline"),
+    (("show", "\x1b[2Jmhc"), "argument 2 ('\\x1b[2Jmhc') contains an escape character"),
+    (("apply", "--only", "mhc-bf16\r", "localhost"), "contains a carriage return"),
+    (("status", "gpu1\x07"), "contains control character \\x07"),
+    (("plan", "--exclude", "a\u2028b"), "contains control character \\u2028"),
+    (("list", "--tier", "unsafe"), "--tier 'unsafe': expected one of safe, moderate, risky"),
+]
+
+
+@pytest.mark.parametrize("argv,message", USAGE, ids=[" ".join(a) or "no-args"
+                                                      for a, _ in USAGE])
+def test_usage_errors_are_one_line_exit_2(tmp_path: Path, argv: tuple, message: str) -> None:
+    proc = cli(tmp_path, *argv)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("patchset: error: ")
+    assert message.lower() in lines[0].lower()
+    assert "Traceback" not in proc.stderr and "\x1b" not in proc.stderr
+
+
+def test_help_and_version_exit_0(tmp_path: Path) -> None:
+    proc = cli(tmp_path, "--help")
+    assert proc.returncode == 0 and "apply" in proc.stdout and proc.stderr == ""
+    proc = cli(tmp_path, "apply", "--help")
+    assert proc.returncode == 0 and "--tier" in proc.stdout
+
+
+def test_help_works_with_the_installed_typer(tmp_path: Path) -> None:
+    """Whatever typer resolved to, the error classes are found through typer itself."""
+    from patchset.cli.app import _usage_error
+    import typer
+    assert _usage_error(typer.BadParameter("x")) is not None
+    assert _usage_error(ValueError("x")) is None

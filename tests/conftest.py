@@ -1,12 +1,19 @@
 """Shared fixtures: the real pinned upstream (SGLang 0.5.14), provisioned once per machine.
 
-The base lives in the default cache (`cache_root()`, i.e. $PATCHSET_CACHE or
-~/.cache/patchset), so only the first run needs the network; later runs are offline.
+Tests never see the user's real home: before anything else is imported, HOME and the XDG
+directories point into a fresh session directory, and the pinned wheel is shared through
+an explicit test cache ($PATCHSET_TEST_CACHE, default /var/cache/patchset-test/upstream
+next to the test rootfs, else .cache/test-upstream in the checkout), so only the first
+run on a machine needs the network. An audit hook records every file operation under the
+real ~/.cache/patchset, ~/.local/share/patchset and ~/.ssh; any such access fails the
+session (pytest_sessionfinish) and tests/test_isolation.py proves the hook sees one.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +23,59 @@ TESTS = Path(__file__).resolve().parent
 for _p in (ROOT, TESTS):
     if str(_p) not in sys.path:  # run from a checkout without `pip install -e .`
         sys.path.insert(0, str(_p))
+
+
+def _test_cache() -> Path:
+    explicit = os.environ.get("PATCHSET_TEST_CACHE")
+    if explicit:
+        return Path(explicit)
+    shared = Path("/var/cache/patchset-test/upstream")
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        if os.access(shared, os.W_OK):
+            return shared
+    except OSError:
+        pass
+    return ROOT / ".cache" / "test-upstream"
+
+
+REAL_HOME = Path(os.path.expanduser("~")).resolve()
+PROTECTED = tuple(str(REAL_HOME / p) for p in (".cache/patchset", ".local/share/patchset",
+                                                ".ssh"))
+SESSION_HOME = Path(tempfile.mkdtemp(prefix="patchset-test-home-"))
+for _var, _sub in (("XDG_CACHE_HOME", ".cache"), ("XDG_DATA_HOME", ".local/share"),
+                   ("XDG_STATE_HOME", ".local/state"), ("XDG_CONFIG_HOME", ".config")):
+    os.environ[_var] = str(SESSION_HOME / _sub)
+os.environ["HOME"] = str(SESSION_HOME)
+os.environ["PATCHSET_HOME"] = str(SESSION_HOME / "patchset-home")
+os.environ["PATCHSET_CACHE"] = str(_test_cache())
+os.environ.pop("PATCHSET_SERIES", None)
+os.environ.pop("PATCHSET_INVENTORY", None)
+
+TOUCHED: list[str] = []      # accesses to PROTECTED paths, by this process
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event not in ("open", "os.listdir", "os.remove", "os.rename", "os.mkdir", "os.rmdir",
+                     "os.chmod", "os.scandir", "shutil.rmtree", "os.truncate", "os.symlink",
+                     "os.utime"):
+        return
+    target = args[0] if args else None
+    if isinstance(target, (str, bytes, os.PathLike)):
+        path = os.fsdecode(target)
+        if os.path.isabs(path) and path.startswith(PROTECTED):
+            TOUCHED.append(f"{event} {path}")
+
+
+sys.addaudithook(_audit)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    real = [t for t in TOUCHED if not t.endswith(".patchset-isolation-probe")]
+    if real:
+        print("\nTESTS TOUCHED THE USER'S REAL FILES:\n  " + "\n  ".join(real[:20]),
+              file=sys.stderr)
+        session.exitstatus = 1
 
 pytest_plugins = ["tests.hosts.fixtures"]   # real nspawn test hosts
 

@@ -50,11 +50,31 @@ AcceptNewOpt = typer.Option(False, "--accept-new", help="record the key of a hos
 # ---------------------------------------------------------------- rendering helpers
 
 def term(stderr: bool = False):
-    """Rich on a terminal; plain, uncoloured and never truncated when piped."""
+    """Rich on a terminal; plain, uncoloured and never truncated when piped. Every string
+    printed through it has its control characters escaped (data from a host or a patch
+    must not move the cursor or rewrite the screen); `esc()` also escapes rich markup in
+    values interpolated into a markup string."""
     from rich.console import Console
+
+    class SafeConsole(Console):
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            super().print(*(printable_block(o) if isinstance(o, str) else o
+                            for o in objects), **kwargs)
+
     tty = (sys.stderr if stderr else sys.stdout).isatty()
-    return Console(stderr=stderr, highlight=False, soft_wrap=True,
-                   width=None if tty else 1000, no_color=not tty)
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True,
+                       width=None if tty else 1000, no_color=not tty)
+
+
+def esc(value: Any) -> str:
+    """A value for a rich markup string: markup and control characters escaped."""
+    from rich.markup import escape
+    return escape(validate.printable(str(value)))
+
+
+def host_error(host: str, error: str) -> None:
+    """A host's failure inside a listing: on stderr (stdout holds only the listing)."""
+    print(f"{validate.printable(str(host))}: {validate.printable(str(error))}", file=sys.stderr)
 
 
 def emit_json(value: Any) -> None:
@@ -204,8 +224,8 @@ def error_line(message: str) -> None:
 
 
 def printable_block(text: str) -> str:
-    """Multi-line details (a diff, a journal tail): each line escaped, the breaks kept."""
-    return "\n".join(validate.printable(line) for line in text.splitlines())
+    """Multi-line text (a diff, a journal tail): each line escaped, the breaks kept."""
+    return "\n".join(validate.printable(line) for line in text.split("\n"))
 
 
 def _usage_error(exc: BaseException) -> str | None:

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import EXIT_FINDINGS
 from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, SeriesOpt, TargetOpt,
-                  app, emit_json, load, resolver_for, say, term)
+                  app, emit_json, esc, load, resolver_for, say, term)
 
 
 @app.command()
@@ -103,7 +103,7 @@ def _render(report) -> None:
                       f"{restarted} ({step.seconds:.1f} s)", markup=False)
     console.print(f"  verdict: {report.verdict}", markup=False)
     if report.restore_error:
-        console.print(f"  [red]NOT restored: {report.restore_error}[/red]")
+        console.print(f"  [red]NOT restored: {esc(report.restore_error)}[/red]")
     elif report.restored:
         console.print("  host restored to its starting state", markup=False)
 

@@ -12,7 +12,8 @@ from .. import __version__
 from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE
 from .app import (AcceptNewOpt, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt,
                   OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app, emit_json,
-                  finish, load, resolver_for, selection, ship_base, term)
+                  esc, finish, host_error, load, printable_block, resolver_for, selection,
+                  ship_base, term)
 
 
 
@@ -33,8 +34,8 @@ def list_cmd(tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
     order = {p.name: i for i, p in enumerate(s.patches, start=1)}
     for p in patches:
         gate = f"{p.gate.env}={p.gate.on}" if p.gate else "-"
-        table.add_row(str(order[p.name]), p.name, p.tier, p.path, gate,
-                      ",".join(p.depends) or "-", p.upstream_status, p.summary)
+        table.add_row(str(order[p.name]), p.name, p.tier, p.path, esc(gate),
+                      ",".join(p.depends) or "-", p.upstream_status, esc(p.summary))
     term().print(table)
 
 
@@ -73,7 +74,8 @@ def _render_show(view) -> None:
         console.print(f" {c.path} | +{c.added} -{c.removed}", markup=False)
     console.print(f" {len(p.files)} file(s) changed, {total_add} insertions(+), "
                   f"{total_del} deletions(-)")
-    console.print(Syntax(view.diff, "diff", theme="ansi_dark", word_wrap=False))
+    console.print(Syntax(printable_block(view.diff), "diff", theme="ansi_dark",
+                         word_wrap=False))
 
 
 @app.command()
@@ -146,6 +148,12 @@ def plan_cmd(hosts: Optional[List[str]] = typer.Argument(None, help="hosts to co
                     "hosts": [asdict(r) for r in host_results]})
     else:
         _render_plan(result, host_results)
+    # A host that refuses (a patch that does not apply, not the pin, ...) is the same
+    # one-line refusal on stderr, with the same exit code, as `apply` gives.
+    from .app import result_line, say
+    for r in host_results:
+        if not r.ok:
+            say(result_line(r, "plan"))
     codes = {r.exit_code for r in host_results}
     if codes - {0}:
         raise typer.Exit(EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes))
@@ -159,8 +167,7 @@ def _render_plan(result, host_results) -> None:
     console.print(f"{len(result.names)} of {len(result.decisions)} patches selected")
     for r in host_results:
         if not r.ok:
-            console.print(f"{r.host}: {r.error}", markup=False)
-            continue
+            continue   # on stderr (plan_cmd)
         added = [n for n in r.after if n not in r.before]
         removed = [n for n in r.before if n not in r.after]
         change = ", ".join([f"+{n}" for n in added] + [f"-{n}" for n in removed])
@@ -254,9 +261,9 @@ def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the
 def _render_status(st: dict) -> None:
     console = term()
     if st.get("error"):
-        console.print(f"[bold]{st['host']}[/bold]: [red]{st['error']}[/red]")
+        host_error(st["host"], st["error"])
         return
-    console.print(f"[bold]{st['host']}[/bold] {st['target']} ({st['kind']} tree, "
+    console.print(f"[bold]{esc(st['host'])}[/bold] {esc(st['target'])} ({st['kind']} tree, "
                   f"{st['layout']} layout)")
     console.print(f"  base: {st['pinned_base']}"
                   + (f", commit {st['base']['commit'][:12]}" if st.get('base') and
@@ -270,21 +277,23 @@ def _render_status(st: dict) -> None:
                        ("foreign_commits", "foreign commits")):
         for item in st.get(key) or []:
             text = item["path"] if isinstance(item, dict) else item
-            console.print(f"  [red]{label}[/red]: {text}")
+            console.print(f"  [red]{label}[/red]: {esc(text)}")
     if st.get("interrupted"):
         i = st["interrupted"]
-        console.print(f"  [yellow]interrupted {i['op']} ({i['id']}): {i['next']}[/yellow]")
+        console.print(f"  [yellow]interrupted {esc(i['op'])} ({esc(i['id'])}): "
+                      f"{esc(i['next'])}[/yellow]")
     interp = st.get("interpreter")
     if interp:
         where = interp.get("imports") or interp.get("error") or "no sglang"
         mark = "" if interp.get("managed") else "  [red]NOT the managed tree: patches here " \
             "are a silent no-op for the server[/red]"
-        console.print(f"  {interp['python']} imports {where}{mark}")
+        console.print(f"  {esc(interp['python'])} imports {esc(where)}{mark}")
     if st.get("locked_by"):
         console.print(f"  locked by {st['locked_by']}", markup=False)
     if st.get("bisect"):
         b = st["bisect"]
-        console.print(f"  [yellow]bisect {b.get('id')} by {b.get('by')} since {b.get('started')}"
+        console.print(f"  [yellow]bisect {esc(b.get('id'))} by {esc(b.get('by'))} since "
+                      f"{esc(b.get('started'))}"
                       " holds this host in a test state: it restores when it ends, else the "
                       "next apply/revert/deploy from its machine or `patchset bisect HOST "
                       "--restore` does[/yellow]")

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import EXIT_UNREACHABLE, BisectPending
 from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt, SeriesOpt,
-                  TargetOpt, app, emit_json, load, resolver_for, result_line, say, summary, term)
+                  TargetOpt, app, emit_json, esc, load, resolver_for, result_line, say, summary, term)
 
 
 
@@ -202,12 +202,12 @@ def render_units(console, st: dict) -> None:
         pid = f", pid {u['main_pid']}, started {u['started']}" if u.get("main_pid") else ""
         console.print(f"  unit {u['unit']} ({u['role']}): {state}{pid}", markup=False)
         if u.get("stale"):
-            console.print(f"  [red]STALE[/red]: {u['unit']} started before the tree changed "
-                          f"({u['tree_changed']}) and runs other patches than its role now "
-                          f"has; run `patchset apply --restart` or `patchset deploy "
-                          f"{st['host']} --role {u['role']}`")
+            console.print(f"  [red]STALE[/red]: {esc(u['unit'])} started before the tree "
+                          f"changed ({esc(u['tree_changed'])}) and runs other patches than "
+                          f"its role now has; run `patchset apply --restart` or `patchset "
+                          f"deploy {esc(st['host'])} --role {esc(u['role'])}`")
         if u.get("need_daemon_reload"):
-            console.print(f"  [yellow]{u['unit']} changed on disk since systemd loaded it "
+            console.print(f"  [yellow]{esc(u['unit'])} changed on disk since systemd loaded it "
                           "(daemon-reload pending)[/yellow]")
 
 

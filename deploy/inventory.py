@@ -130,7 +130,8 @@ def _host(doc: Located, name: Any, value: Any) -> Host:
                         "_ . -; at most 63)")
     h = _mapping(doc, where, value or {}, HOST_KEYS)
     port = h.get("port")
-    if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 < port < 65536):
         raise doc.error(where + ("port",), f"{port!r} is not a TCP port")
     return Host(
         name=name,

@@ -9,17 +9,16 @@ exit 2 on any problem, and nothing written.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import api, interop
+from . import api, interop, validate
 from .errors import UsageError
 from .model import Series
 from .transport import Transport
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")    # the manifest's own name rule: shell-safe
+NAME = validate.PATCH_NAME       # the manifest's own name rule: shell-safe
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def capture(series: Series, transport: Transport, meta: CaptureMeta, progress=No
 def check_meta(series: Series, meta: CaptureMeta) -> None:
     """Refuse bad flags before any host is contacted."""
     interop.ImportMeta(tier=meta.tier, path=meta.path, author=meta.author)
-    if not NAME.match(meta.name):
+    if not NAME.ok(meta.name):
         raise UsageError(f"capture: name {meta.name!r}: use 1-63 of a-z, 0-9 and - "
                          "(starting with a letter or digit)")
     if meta.name in series.by_name():

@@ -25,7 +25,7 @@ from .model import PATHS, TIERS, Series
 
 DIFF_ARGS = ("diff", "--full-index", "--no-color", "--no-renames", "-U3")
 NAME_MAX = 63
-QUILT_OPTION = re.compile(r"^-p(\d)$")
+QUILT_OPTION = re.compile(r"-p([0-9])")          # fullmatch
 # `git format-patch` mail lines that are not description: mbox From, Date, diffstat, ---
 MBOX_NOISE = re.compile(r"^(From [0-9a-f]{40} |Date: |---\s*$| \S.* \| +\d+ |"
                         r" \d+ files? changed)")
@@ -147,7 +147,7 @@ def _quilt_entry(directory: Path, series_file: Path, number: int,
     name, options = words[0], words[1:]
     strip = 1
     for option in options:
-        match = QUILT_OPTION.match(option)
+        match = QUILT_OPTION.fullmatch(option)
         if not match:
             raise ManifestError(str(series_file), number, "series",
                                 f"option {option!r} is not supported (only -pN)")
@@ -456,7 +456,7 @@ def _append_entries(text: str, built: list[_Built]) -> str:
     indent = item.group(1) if item else "  "    # match the list's own indentation
     while end > start + 1 and not lines[end - 1].strip():
         end -= 1
-    if re.match(r"^series:\s*\[\s*\]\s*(#.*)?$", lines[start]):
+    if re.fullmatch(r"series:\s*\[\s*\]\s*(#.*)?", lines[start]):
         lines[start] = "series:"
     entries = [{"name": b.entry.name, "file": b.entry.file, "summary": b.summary,
                 "tier": b.tier, "path": b.path, "gate": None, "requires": [],

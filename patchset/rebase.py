@@ -49,7 +49,8 @@ from .upstream import (
 )
 
 OUTCOMES = ("clean", "3way", "upstream", "conflict", "blocked")
-RELEASE = re.compile(r"^v?(\d+(?:\.\d+)+(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)$")
+RELEASE = re.compile(r"v?([0-9]+(?:\.[0-9]+)+(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?"
+                     r"(?:\.dev[0-9]+)?)")                 # fullmatch
 UPSTREAMED_COMMENT = "# patches upstream took (patchset rebase); no longer carried"
 
 
@@ -124,7 +125,7 @@ class _Plan:
 
 def parse_ref(ref: str) -> str:
     """REF as a release version: `0.5.15` or the tag `v0.5.15`."""
-    match = RELEASE.match(ref.strip())
+    match = RELEASE.fullmatch(ref)
     if not match:
         raise UsageError(f"--onto {ref!r}: expected a release like 0.5.15 or a tag like v0.5.15")
     return match.group(1)

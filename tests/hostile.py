@@ -1,0 +1,112 @@
+"""A world for hostile-input tests: a series, an applied default tree, a cache, a home.
+
+`World.refuse(argv, message)` runs one CLI command and asserts what every bad input must
+give: exit 2, exactly one stderr line `patchset: error: <message...>`, nothing on stdout,
+no traceback, and every byte of the series, the tree with its .patchset/ state and lock,
+the cache and the home exactly as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from patchset.cli import main
+
+ERROR = re.compile(r"patchset: error: [^\n]+")
+
+
+def snapshot(*roots: Path) -> dict[str, tuple]:
+    """Every file and directory under `roots`: mode, size and content digest."""
+    out: dict[str, tuple] = {}
+    for root in roots:
+        if not root.exists():
+            out[str(root)] = ("absent",)
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            out[dirpath] = ("dir", os.lstat(dirpath).st_mode)
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                info = os.lstat(path)
+                if os.path.islink(path):
+                    out[path] = ("link", os.readlink(path))
+                    continue
+                digest = _digest(path, info)
+                out[path] = (info.st_mode, info.st_size, digest)
+    return out
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _digest(path: str, info: os.stat_result) -> str:
+    """Content digest, cached on (path, size, mtime, inode): a rewrite changes mtime."""
+    key = (path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+    if key not in _DIGESTS:
+        with open(path, "rb") as handle:
+            _DIGESTS[key] = hashlib.sha256(handle.read()).hexdigest()
+    return _DIGESTS[key]
+
+
+@dataclass
+class World:
+    series: Path            # the series directory (patches.yaml + patches/)
+    home: Path              # PATCHSET_HOME (holds the applied default tree)
+    cache: Path             # PATCHSET_CACHE
+    capsys: object
+
+    @property
+    def manifest(self) -> Path:
+        return self.series / "patches.yaml"
+
+    def data(self) -> dict:
+        return yaml.safe_load(self.manifest.read_text())
+
+    def run(self, *argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def state(self) -> dict:
+        return snapshot(self.series, self.home, self.cache)
+
+    def refuse(self, argv: tuple[str, ...], message: str | re.Pattern,
+               before: dict | None = None) -> str:
+        """Run argv; assert the refusal contract; return the error line."""
+        before = self.state() if before is None else before
+        code, out, err = self.run(*argv)
+        assert code == 2, f"{argv}: exit {code}\n{err}"
+        assert out == "", out
+        assert "Traceback" not in err and "\x1b" not in err and "\r" not in err
+        lines = err.splitlines()
+        assert len(lines) == 1, err
+        assert ERROR.fullmatch(lines[0]), lines[0]
+        if isinstance(message, re.Pattern):
+            assert message.search(lines[0]), lines[0]
+        else:
+            assert message in lines[0], lines[0]
+        assert self.state() == before, f"{argv} changed files"
+        return lines[0]
+
+
+def make_world(series_template: Path, root: Path, capsys, monkeypatch) -> World:
+    """A series copy and a default tree with the safe tier applied, cwd = the series."""
+    series = root / "series"
+    if not series.exists():
+        shutil.copytree(series_template, series, ignore=shutil.ignore_patterns("authoring"))
+    home = root / "home"
+    monkeypatch.setenv("PATCHSET_HOME", str(home))
+    monkeypatch.chdir(series)
+    world = World(series=series, home=home, cache=Path(os.environ["PATCHSET_CACHE"]),
+                  capsys=capsys)
+    if not (home / "targets").exists():
+        code, _, err = world.run("apply", "--tier", "safe", "localhost")
+        assert code == 0, err
+    return world

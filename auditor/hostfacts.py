@@ -63,6 +63,9 @@ def _server(rec: dict, facts: HostFacts) -> Server:
     srv = Server(id=unit or f"pid {rec['pid']}", kind=rec.get("kind", "server"), unit=unit,
                  main=main, children=children, exe=rec.get("exe"), cwd=rec.get("cwd"),
                  base_url=rec.get("base_url"), model=rec.get("model"))
+    if rec.get("config_file") is not None:
+        srv.config_file = procs.ConfigFile().collect(rec["config_file"]).with_source(
+            f"--config file of pid {rec['pid']}")
     if srv.kind == "server":
         srv.server_info = _collect(http.ServerInfo(), rec, "server_info")
         srv.model_info = _collect(http.ModelInfo(), rec, "model_info")

@@ -57,6 +57,7 @@ class Server:
     health: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
     imports: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
     model: str | None = None
+    config_file: FactValue | None = None   # `--config FILE`: {"keys", "stat"} (no values)
 
     @property
     def argv(self) -> list[str]:

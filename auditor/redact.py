@@ -14,6 +14,11 @@ Standard library only (shipped to hosts). Two layers, because either alone leaks
 * by shape: values that look like credentials wherever they appear (`hf_...`, `sk-...`,
   `Bearer ...`, `user:password@` in URLs).
 
+A third layer where the values are known (deploy knows the keys it renders and the ones
+the installed files hold): `Redactor(known=...)` masks each such value, and its escaped
+spellings (JSON, repr, systemd env and unit quoting), wherever it appears, whatever the
+syntax around it (a journal line, a traceback, a diff).
+
 On the host a `Redactor` replaces a value with `<redacted:TAG>`, TAG an HMAC of the value
 under a key made fresh for that one gathering and never sent: two processes holding the
 same secret show the same TAG (so "the env file and the process disagree" can still be
@@ -24,21 +29,39 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
-from typing import Any
+from typing import Any, Iterable
 
 SECRET_LAST = ("KEY", "KEYS", "TOKEN", "SECRET", "SECRETS", "PASSWORD",
                "PASSWD", "CREDENTIAL", "CREDENTIALS")
 SECRET_ANYWHERE = ("SECRET", "PASSWORD", "PASSWD")
 SECRET_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 MARK = "<redacted"
+KNOWN_MIN = 4          # a known value shorter than this is masked by name and shape only
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+# A value: double- or single-quoted (backslash escapes inside), else a plain run; an
+# unterminated quote runs to the next blank. A secret's plain value is then extended to
+# the next blank (`KEY=a,b`, `--api-key a"b`), a non-secret's is scanned again (it may
+# hold `NAME=value` itself).
+_DQ, _SQ = r"\"(?:[^\"\\\n]|\\.)*\"", r"'(?:[^'\\\n]|\\.)*'"
 # NAME=value, NAME="value", NAME='value' (env files, Environment=, environ, journal lines)
-_ASSIGN = re.compile(r"(?P<name>" + _NAME + r")=(?P<value>\"[^\"]*\"|'[^']*'|[^\s\0\"',;]+)")
+_ASSIGN = re.compile(r"(?P<name>" + _NAME + r")(?P<sep>=)(?P<value>" + _DQ + "|" + _SQ +
+                     r"|[^\s\0\"',;]+|[\"'][^\s\0,;]*)")
 # --flag value / --flag=value, with space or NUL (a /proc cmdline) between
 _FLAG = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|[ \t]+|\0)"
-                   r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s\0\"']+)")
+                   r"(?P<value>" + _DQ + "|" + _SQ + r"|[^\s\0\"']+|[\"'][^\s\0]*)")
+# name: value (YAML such as a --config file, a repr'd dict, `X-Api-Key: v` headers). The
+# name is quoted or has a `_`/`-` in it: prose ("credentials: chmod ...") is left alone.
+_COLON = re.compile(r"(?<![A-Za-z0-9_.])(?:(?P<q>[\"'])(?P<qname>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)"
+                    r"|(?P<name>[A-Za-z_][A-Za-z0-9.]*[_-][A-Za-z0-9_.-]*))"
+                    r"(?P<sep>[ \t]*:[ \t]*)(?P<value>" + _DQ + "|" + _SQ +
+                    r"|[^\s\0\"']+|[\"'][^\n\0]*)")
+_LITERAL = re.compile(r"(?i)(?:null|none|true|false|~|[-+]?[0-9]+(?:\.[0-9]+)?)[,}\])]*")
+_NULL = re.compile(r"(?:None|null)[,;}\])]*")
+_TO_BLANK = re.compile(r"[^\s\0]*")
+_TO_EOL = re.compile(r"[^\n\0]*")
 # "key": "value" in JSON text
 _JSON = re.compile(r"\"(?P<name>[^\"\\]{1,80})\"(?P<sep>\s*:\s*)\"(?P<value>(?:[^\"\\]|\\.)*)\"")
 _SHAPES = (
@@ -66,11 +89,25 @@ def is_redacted(value: str) -> bool:
     return value.startswith(MARK) or value.strip("\"'").startswith(MARK)
 
 
-class Redactor:
-    """Replaces secret values; `tagged` (host side) keeps equal secrets comparable."""
+def spellings(value: str) -> set[str]:
+    """A value as it may be written: raw, JSON-escaped, repr'd, in a systemd env file
+    (backslash-escaped) or a unit file (`%%`, `$$`)."""
+    env = re.sub(r'(["\\`$])', r"\\\1", value)
+    out = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+           repr(value)[1:-1], env, value.replace("%", "%%").replace("$", "$$"),
+           env.replace("%", "%%").replace("$", "$$")}
+    return {v for v in out if v}
 
-    def __init__(self, tagged: bool = False) -> None:
+
+class Redactor:
+    """Replaces secret values; `tagged` (host side) keeps equal secrets comparable;
+    `known` values are masked wherever they appear (see the module docstring)."""
+
+    def __init__(self, tagged: bool = False, known: Iterable[str] = ()) -> None:
         self._key = secrets.token_bytes(32) if tagged else None
+        forms = {f for v in known if isinstance(v, str) and len(v) >= KNOWN_MIN
+                 for f in spellings(v) if len(f) >= KNOWN_MIN}
+        self._known = sorted(forms, key=lambda f: (-len(f), f))
 
     def mask(self, value: str) -> str:
         if is_redacted(value):
@@ -84,16 +121,9 @@ class Redactor:
         """Redact secrets inside free text (env files, command lines, JSON, logs)."""
         if not text:
             return text
-
-        def assign(m: re.Match) -> str:
-            if not is_secret_name(m["name"]) or is_redacted(m["value"]):
-                return m[0]
-            return f"{m['name']}={self.mask(m['value'].strip(chr(34) + chr(39)))}"
-
-        def flag(m: re.Match) -> str:
-            if not is_secret_name(m["flag"]) or is_redacted(m["value"]):
-                return m[0]
-            return f"{m['flag']}{m['sep']}{self.mask(m['value'].strip(chr(34) + chr(39)))}"
+        for form in self._known:
+            if form in text:
+                text = text.replace(form, self.mask(form))
 
         def json_pair(m: re.Match) -> str:
             if not is_secret_name(m["name"]) or is_redacted(m["value"]) or not m["value"]:
@@ -101,11 +131,37 @@ class Redactor:
             return f"\"{m['name']}\"{m['sep']}\"{self.mask(m['value'])}\""
 
         text = _JSON.sub(json_pair, text)
-        text = _FLAG.sub(flag, text)
-        text = _ASSIGN.sub(assign, text)
+        text = self._scan(_FLAG, text, "flag", _TO_BLANK)
+        text = self._scan(_ASSIGN, text, "name", _TO_BLANK)
+        text = self._scan(_COLON, text, "name", _TO_EOL)
         for shape in _SHAPES:
             text = shape.sub(lambda m: m[0] if is_redacted(m[0]) else self.mask(m[0]), text)
         return text
+
+    def _scan(self, pattern: re.Pattern, text: str, group: str, tail: re.Pattern) -> str:
+        """`NAME<sep>value` pairs: a secret's value masked (a plain one up to `tail`),
+        anything else kept and scanned again from its value on."""
+        out, pos = [], 0
+        while True:
+            m = pattern.search(text, pos)
+            if m is None:
+                out.append(text[pos:])
+                return "".join(out)
+            name = m[group] if m[group] is not None else m["qname"]
+            value = m["value"]
+            if not is_secret_name(name) or is_redacted(value) or _NULL.fullmatch(value) or (
+                    pattern is _COLON and _LITERAL.fullmatch(value)):
+                out.append(text[pos:m.end("sep")])
+                pos = m.end("sep")
+                continue
+            quote = value[0] if value[0] in "\"'" else ""
+            if quote and len(value) > 1 and value.endswith(quote):      # closed quotes
+                end, shown = m.end(), quote + self.mask(value[1:-1]) + quote
+            else:                                  # plain or unterminated: up to `tail`
+                end = tail.match(text, m.start("value")).end()
+                shown = self.mask(text[m.start("value"):end].lstrip("\"'"))
+            out.append(text[pos:m.start("value")] + shown)
+            pos = end
 
     def argv(self, argv: list[str]) -> list[str]:
         """Redact a command line given as a list (`--api-key VALUE`, `--api-key=VALUE`)."""
@@ -142,10 +198,11 @@ class Redactor:
 _PLAIN = Redactor()
 
 
-def redact(value: Any) -> Any:
-    """Controller-side redaction of anything about to be shown (idempotent)."""
-    return _PLAIN.value(value)
+def redact(value: Any, known: Iterable[str] = ()) -> Any:
+    """Controller-side redaction of anything about to be shown (idempotent); `known`:
+    secret values to mask wherever they appear."""
+    return (Redactor(known=known) if known else _PLAIN).value(value)
 
 
-def redact_text(text: str) -> str:
-    return _PLAIN.text(text)
+def redact_text(text: str, known: Iterable[str] = ()) -> str:
+    return (Redactor(known=known) if known else _PLAIN).text(text)

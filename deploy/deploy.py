@@ -11,6 +11,11 @@ A dry run stops after 1 with the diff of every file and what would be restarted.
 Every value in the files comes from the inventory (validated in deploy/units.py) or from
 the state on the host (gates, patch names: validated again before rendering). Nothing is
 installed unless every file rendered and `systemd-analyze verify` printed nothing.
+
+Credentials (api_key, admin_api_key, secret flags of extra_args) go to a root-only
+`--config` file, never the unit or the command line. Whatever a deploy returns, streams or
+raises passes one redaction point (`Scrub`, auditor/redact.py): the diffs, the journal tail
+of a failed unit, errors and progress events never show a secret.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from patchset.errors import (
     UsageError,
 )
 
+from auditor import redact
+from auditor.redact import Redactor, is_secret_name
+
 from . import unit_engine, units
 
 EventSink = Callable[[dict], None]
@@ -59,11 +67,12 @@ REMOTE_ENV = ("LC_ALL=C.UTF-8", "LANG=C.UTF-8")
 # ---------------------------------------------------------------- channels
 
 def bundle(request: dict) -> bytes:
-    """engine.py + unit_engine.py + request.json, as one tar."""
+    """engine.py + unit_engine.py + redact.py + request.json, as one tar."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in (("engine.py", Path(engine.__file__).read_bytes()),
                            ("unit_engine.py", Path(unit_engine.__file__).read_bytes()),
+                           ("redact.py", Path(redact.__file__).read_bytes()),
                            ("request.json", json.dumps(request).encode())):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o600
@@ -245,7 +254,22 @@ def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
     Bad settings raise UsageError before the host is contacted; an unreachable host
     raises HostUnreachable; an unfinished bisect there raises BisectPending; everything
     the host refuses or fails is in the result. `gates_off` (a bisect step, id `bisect`)
-    renders those applied patches without their gate, so their code path is not taken."""
+    renders those applied patches without their gate, so their code path is not taken.
+    The result, the events and the errors are redacted (`Scrub`)."""
+    scrub = Scrub(inventory_secrets(host))
+    try:
+        result = _deploy(host, channel, tree, roles, dry_run, timeout, lock_wait,
+                         scrub.events(on_event), git_prefix, package, source, bisect,
+                         gates_off, scrub)
+    except PatchsetError as exc:
+        raise scrub.error(exc)
+    return scrub.result(result)
+
+
+def _deploy(host: Any, channel: Any, tree: str, roles: list[str] | None, dry_run: bool,
+            timeout: float | None, lock_wait: float, on_event: EventSink | None,
+            git_prefix: str, package: str, source: str, bisect: str | None,
+            gates_off: frozenset[str], scrub: "Scrub") -> DeployResult:
     chosen = select_roles(host, roles)
     # Everything that can be checked without the host is checked first (exit 2).
     units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix), source=source)
@@ -268,6 +292,11 @@ def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
     if timeout is not None:
         resolved = {r: replace(u, health_timeout=timeout) for r, u in resolved.items()}
     rendered = units.render(host, resolved, source=source)
+    scrub.add(rendered_secrets(resolved))
+    for r in chosen:
+        info = facts["roles"][r]
+        scrub.add(installed_secrets(info.get("unit_text"), info.get("env_text"),
+                                    info.get("config_text")))
     reports = [_report(r, resolved[r], rendered[r], facts["roles"][r]) for r in chosen]
     result = DeployResult(host=host.name, ok=True, dry_run=dry_run, tree=t["root"],
                           roles=reports, notes=_notes(facts),
@@ -277,9 +306,10 @@ def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
     if not facts.get("systemd"):
         return _failed(result, f"{host.name}: systemd is not running there", EXIT_FAILED)
     request = dict(base, op="deploy", state_sha256=t["state_sha256"], lock_wait=lock_wait,
-                   bisect=bisect,
+                   bisect=bisect, redact=sorted(scrub.known),
                    roles={r: {**_names([r])[r], "unit_text": rendered[r].unit_text,
                               "env_text": rendered[r].env_text,
+                              "config_text": rendered[r].config_text,
                               "effective": _effective(facts["roles"][r], rendered[r]),
                               "health_url": resolved[r].health_url,
                               "health_timeout": resolved[r].health_timeout} for r in chosen})
@@ -288,7 +318,119 @@ def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
 
 def _names(roles: list[str]) -> dict[str, dict]:
     return {r: {"unit": units.unit_name(r), "unit_path": f"{units.UNIT_DIR}/{units.unit_name(r)}",
-                "env_path": f"{units.ENV_DIR}/{r}.env"} for r in roles}
+                "env_path": f"{units.ENV_DIR}/{r}.env", "config_path": units.config_path(r)}
+            for r in roles}
+
+
+# ---------------------------------------------------------------- redaction
+
+class Scrub:
+    """The one redaction point of deploy output. Everything `deploy` returns (the diffs,
+    the failed unit's journal lines, the error and its details, notes), every progress
+    event it streams and every error it raises passes here, through auditor/redact.py:
+    by name (`HF_TOKEN=...`, `--api-key ...`, `api-key: ...`), by shape (`hf_...`), and
+    every value known to be a secret (the inventory's, the rendered files', the installed
+    files') wherever and however it is quoted."""
+
+    def __init__(self, known: set[str] | None = None) -> None:
+        self.known: set[str] = set()
+        self.red = Redactor()
+        self.add(known or set())
+
+    def add(self, values: set[str]) -> None:
+        fresh = {v for v in values if isinstance(v, str) and v} - self.known
+        if fresh:
+            self.known |= fresh
+            self.red = Redactor(known=self.known)
+
+    def text(self, text: str) -> str:
+        return self.red.text(text)
+
+    def result(self, result: DeployResult) -> DeployResult:
+        data = self.red.value(asdict(result))
+        roles = [RoleReport(**r) for r in data.pop("roles")]
+        return DeployResult(**data, roles=roles)
+
+    def error(self, exc: PatchsetError) -> PatchsetError:
+        exc.args = tuple(self.red.text(a) if isinstance(a, str) else a for a in exc.args)
+        for name in ("details", "message"):
+            if isinstance(getattr(exc, name, None), str):
+                setattr(exc, name, self.red.text(getattr(exc, name)))
+        return exc
+
+    def events(self, sink: EventSink | None) -> EventSink | None:
+        if sink is None:
+            return None
+        return lambda event: sink(self.red.value(event))
+
+
+def _secret_args(words: list[str]) -> set[str]:
+    """Values of secret flags in an argv (`--api-key V`, `--api-key=V`)."""
+    out: set[str] = set()
+    for i, word in enumerate(words):
+        if not word.startswith("--") or not is_secret_name(word.split("=", 1)[0]):
+            continue
+        if "=" in word:
+            out.add(word.split("=", 1)[1])
+        elif i + 1 < len(words):
+            out.add(words[i + 1])
+    return out
+
+
+def _secrets_in(value: Any, name: str = "") -> set[str]:
+    """Secret values in an inventory/settings mapping: secret-named keys, secret flags."""
+    if isinstance(value, dict):
+        return set().union(*(_secrets_in(v, str(k)) for k, v in value.items()))
+    if isinstance(value, list):
+        words = [str(v) for v in value if isinstance(v, (str, int, float))]
+        return _secret_args(words) | set().union(*(_secrets_in(v, name) for v in value
+                                                   if isinstance(v, (dict, list))))
+    if name and is_secret_name(name) and isinstance(value, (str, int)) and \
+            not isinstance(value, bool):
+        return {str(value)}
+    return set()
+
+
+def inventory_secrets(host: Any) -> set[str]:
+    """Every secret the inventory gives this host (before anything is validated)."""
+    roles = getattr(host, "roles", None) or {}
+    return _secrets_in({"serving": getattr(host, "serving", None) or {},
+                        "roles": roles if isinstance(roles, dict) else {}})
+
+
+def rendered_secrets(resolved: dict[str, units.RoleUnit]) -> set[str]:
+    out: set[str] = set()
+    for u in resolved.values():
+        out |= set(u.config.values()) | {v for k, v in u.env.items() if is_secret_name(k)}
+        out |= _secret_args(u.argv)
+    return out
+
+
+def installed_secrets(unit_text: str | None, env_text: str | None,
+                      config_text: str | None) -> set[str]:
+    """The secrets the files installed now hold (an old key shows in the diff's - lines)."""
+    out = {v for k, v in units.parse_env_file(env_text or "").items() if is_secret_name(k)}
+    for line in (unit_text or "").splitlines():
+        key, _, rest = line.strip().partition("=")
+        if key not in ("ExecStart", "Environment"):
+            continue
+        try:
+            words = shlex.split(rest)
+        except ValueError:
+            words = rest.split()
+        words = [w.replace("%%", "%").replace("$$", "$") for w in words]
+        out |= _secret_args(words) if key == "ExecStart" else {
+            w.split("=", 1)[1] for w in words if "=" in w and is_secret_name(w.split("=")[0])}
+    if config_text:
+        import yaml
+        try:
+            data = yaml.safe_load(config_text)
+        except yaml.YAMLError:
+            data = None
+        out |= _secrets_in(data if isinstance(data, dict) else {})
+        out |= {line.split(":", 1)[1].strip().strip("\"'") for line in config_text.splitlines()
+                if ":" in line and is_secret_name(line.split(":", 1)[0].strip())}
+    return {v for v in out if v}
 
 
 def _notes(facts: dict) -> list[str]:
@@ -362,34 +504,45 @@ def _failed(result: DeployResult, message: str, code: int, details: str = "") ->
 
 def _effective(facts: dict, r: units.Rendered) -> bool:
     """Would the new files change the running process? Not when only comments (or the
-    order of lines) differ: then the files are rewritten without a restart."""
+    order of lines) differ, or only a file's mode: then the files are rewritten without a
+    restart."""
     old_env = facts.get("env_text")
     return facts.get("unit_text") != r.unit_text or old_env is None or \
-        units.parse_env_file(old_env) != units.parse_env_file(r.env_text)
+        units.parse_env_file(old_env) != units.parse_env_file(r.env_text) or \
+        facts.get("config_text") != r.config_text
 
 
 def _report(role: str, u: units.RoleUnit, r: units.Rendered, facts: dict) -> RoleReport:
     old_unit, old_env = facts.get("unit_text"), facts.get("env_text")
-    changed = (old_unit, old_env) != (r.unit_text, r.env_text)
+    old_config = facts.get("config_text")
+    insecure = facts.get("insecure") or []
+    changed = (old_unit, old_env, old_config) != (r.unit_text, r.env_text, r.config_text) \
+        or bool(insecure)
     active = (facts.get("systemd") or {}).get("ActiveState")
     stale = bool(facts.get("stale"))
     restart = ("unit or env file changed" if changed and _effective(facts, r)
                else "not running" if active != "active"
                else "stale: started before the tree changed" if stale else None)
+    config_path = r.config_path or units.config_path(role) or ""
     diff = "".join(_diff(old_unit, r.unit_text, r.unit_path)
-                   + _diff(old_env, r.env_text, r.env_path))
+                   + _diff(old_env, r.env_text, r.env_path)
+                   + _diff(old_config, r.config_text, config_path))
+    notes = list(u.notes) + [f"{x['path']} is mode {x['mode']} owned by uid {x['uid']}: "
+                             "rewritten root-only (0600)" for x in insecure]
     return RoleReport(role=role, unit=r.unit, unit_path=r.unit_path, env_path=r.env_path,
                       changed=changed, restart=restart, diff=diff, active=active, stale=stale,
                       gates=dict(u.gates), patches=u.patches, health_url=u.health_url,
-                      notes=list(u.notes))
+                      notes=notes)
 
 
-def _diff(old: str | None, new: str, path: str) -> list[str]:
+def _diff(old: str | None, new: str | None, path: str) -> list[str]:
+    """Unified diff of one file (None: the file is absent, or is to be removed)."""
     if old == new:
         return []
     lines = difflib.unified_diff((old or "").splitlines(keepends=True),
-                                 new.splitlines(keepends=True),
-                                 "/dev/null" if old is None else f"a{path}", f"b{path}")
+                                 (new or "").splitlines(keepends=True),
+                                 "/dev/null" if old is None else f"a{path}",
+                                 "/dev/null" if new is None else f"b{path}")
     return [line if line.endswith("\n") else line + "\n" for line in lines]
 
 
@@ -461,7 +614,8 @@ def restart_after_apply(series, inventory, specs, transports, results, timeout, 
                             package=series.upstream.name,
                             source=inventory.path or "hosts.yaml")
         except PatchsetError as exc:
-            result = DeployResult(host=applied.host, ok=False, error=str(exc),
+            result = DeployResult(host=applied.host, ok=False,
+                                  error=Scrub(inventory_secrets(host)).text(str(exc)),
                                   exit_code=exc.exit_code)
         out.append(result)
         if not result.ok:

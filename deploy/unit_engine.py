@@ -15,6 +15,12 @@ Ops:
           that changed, are not running, or are stale; wait for each /health. If a unit
           fails: put every previous file back, daemon-reload, bring the restarted roles
           back to how they were, and report the unit's last journal lines.
+
+A server role's credentials are in ENV_DIR/ROLE.secrets.yaml (SGLang's `--config`): it and
+the env file are written 0600 root:root, atomically; one found with another mode or owner
+is rewritten. The transaction record holds the previous files, so it is 0600 too.
+Everything the runner reports (journal lines, errors) is redacted here first, with the
+secrets the controller names in the request (auditor/redact.py, shipped alongside).
 """
 
 from __future__ import annotations
@@ -50,6 +56,23 @@ def _engine():
 
 
 engine = _engine()
+
+
+def _redact():
+    """auditor/redact.py shipped next to this file in the bundle, else the package's."""
+    shipped = Path(__file__).resolve().parent / "redact.py"
+    if not shipped.is_file():
+        from auditor import redact as packaged
+        return packaged
+    spec = importlib.util.spec_from_file_location("patchset_shipped_redact", shipped)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+redact = _redact()
+SECRET_MODE = 0o600
 
 EngineError = engine.EngineError
 DEPLOY_LOCK = "/run/lock/patchset-deploy.lock"
@@ -103,17 +126,37 @@ def read_text(path: str) -> str | None:
 
 
 def write_file(path: str, text: str, mode: int) -> None:
+    """Write + rename: the file appears whole, with `mode`, owned by root when we are."""
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.patchset-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    remove_file(str(tmp))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o600)
     try:
-        os.write(fd, text.encode("utf-8"))
+        if os.geteuid() == 0:
+            os.fchown(fd, 0, 0)
         os.fchmod(fd, mode)
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, dest)
+
+
+def insecure(spec: dict) -> list[dict]:
+    """The role's secret-bearing files (env, --config) that exist with another mode than
+    0600 or another owner than root."""
+    out = []
+    for path in (spec.get("env_path"), spec.get("config_path")):
+        try:
+            st = os.lstat(path) if path else None
+        except FileNotFoundError:
+            st = None
+        if st is not None and (st.st_mode & 0o7777 != SECRET_MODE or st.st_uid != 0):
+            out.append({"path": path, "mode": f"{st.st_mode & 0o7777:04o}", "uid": st.st_uid})
+    return out
 
 
 def remove_file(path: str) -> None:
@@ -210,6 +253,8 @@ def op_facts(request: dict) -> dict:
         unit = spec["unit"]
         roles[role] = {
             "unit_text": read_text(spec["unit_path"]), "env_text": read_text(spec["env_path"]),
+            "config_text": read_text(spec["config_path"]) if spec.get("config_path") else None,
+            "insecure": insecure(spec),
             "systemd": show(unit) if systemd_running() else {},
             "stale": bool((facts.get(unit) or {}).get("stale")),
             "facts": facts.get(unit),
@@ -266,8 +311,8 @@ def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> di
                           "(an apply or revert ran in between); run deploy again", "changed")
     engine.refuse_during_bisect(target, request)
     roles = request["roles"]                 # in restart order
-    old = {r: (read_text(s["unit_path"]), read_text(s["env_path"])) for r, s in roles.items()}
-    changed = [r for r, s in roles.items() if old[r] != (s["unit_text"], s["env_text"])]
+    old = {r: files_of(s) for r, s in roles.items()}
+    changed = [r for r, s in roles.items() if old[r] != new_files(s) or insecure(s)]
     verify(roles, events)
     before = {r: show(s["unit"]) for r, s in roles.items()}
     restart = restart_reasons(roles, changed, before, units_by_name(target, target.state()))
@@ -286,21 +331,38 @@ def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> di
                 wait_healthy(role, spec, events, "deploy")
     except (Failure, EngineError, OSError) as exc:
         failure = exc if isinstance(exc, Failure) else Failure("", "", str(exc))
-        lines = journal(failure.unit) if failure.unit else []
+        red = redactor(request)
+        lines = [red.text(line) for line in journal(failure.unit)] if failure.unit else []
         status = show(failure.unit) if failure.unit else {}
         touched = [r for r in roles if actions[r]]
         restarted = [r for r in roles if "restarted" in actions[r]]
         rollback = roll_back(roles, old, touched, restarted, before, events)
         finish()
-        return {"ok": True, "deployed": False, "changed": bool(touched),
-                "failed": {"role": failure.role, "unit": failure.unit, "reason": failure.reason,
-                           "journal": lines, "result": status.get("Result"),
-                           "exit_status": status.get("ExecMainStatus")},
-                "rollback": rollback, "actions": actions, "restart_reasons": restart}
+        return red.value({
+            "ok": True, "deployed": False, "changed": bool(touched),
+            "failed": {"role": failure.role, "unit": failure.unit, "reason": failure.reason,
+                       "journal": lines, "result": status.get("Result"),
+                       "exit_status": status.get("ExecMainStatus")},
+            "rollback": rollback, "actions": actions, "restart_reasons": restart})
     finish()
     record(request, actions)
     return {"ok": True, "deployed": True, "changed": any(actions.values()), "actions": actions,
             "restart_reasons": restart, "failed": None, "rollback": None}
+
+
+def files_of(spec: dict) -> tuple:
+    """(unit, env, --config) text installed now (None: absent)."""
+    config = spec.get("config_path")
+    return (read_text(spec["unit_path"]), read_text(spec["env_path"]),
+            read_text(config) if config else None)
+
+
+def new_files(spec: dict) -> tuple:
+    return (spec["unit_text"], spec["env_text"], spec.get("config_text"))
+
+
+def redactor(request: dict) -> Any:
+    return redact.Redactor(known=request.get("redact") or ())
 
 
 def restart_reasons(roles: dict, changed: list[str], before: dict,
@@ -319,11 +381,18 @@ def restart_reasons(roles: dict, changed: list[str], before: dict,
 
 
 def install(roles: dict, changed: list[str], old: dict, actions: dict, events: Events) -> None:
-    """Write the changed files (env first), daemon-reload, enable."""
+    """Write the changed files (credentials and env first, 0600), daemon-reload, enable."""
     for role in changed:                       # only what differs: an unchanged unit file
         spec = roles[role]                     # keeps its mtime (no daemon-reload pending)
-        if old[role][1] != spec["env_text"]:
-            write_file(spec["env_path"], spec["env_text"], 0o600)
+        bad = {x["path"] for x in insecure(spec)}
+        config = spec.get("config_path")
+        if config and (old[role][2] != spec.get("config_text") or config in bad):
+            if spec.get("config_text") is None:
+                remove_file(config)
+            else:
+                write_file(config, spec["config_text"], SECRET_MODE)
+        if old[role][1] != spec["env_text"] or spec["env_path"] in bad:
+            write_file(spec["env_path"], spec["env_text"], SECRET_MODE)
         if old[role][0] != spec["unit_text"]:
             write_file(spec["unit_path"], spec["unit_text"], 0o644)
         actions[role].append("installed")
@@ -344,12 +413,17 @@ def txn_file() -> Path:
 
 
 def begin(roles: dict, old: dict, before: dict) -> None:
+    """The record holds the previous env and --config files: root only (0700 / 0600)."""
     Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
-    keep = ("unit", "unit_path", "env_path", "health_url", "health_timeout")
-    engine.write_json(txn_file(), {"pid": os.getpid(), "since": engine._now(), "roles": {
-        r: {**{k: s[k] for k in keep}, "old_unit": old[r][0], "old_env": old[r][1],
+    os.chmod(RECORD_DIR, 0o700)
+    keep = ("unit", "unit_path", "env_path", "config_path", "health_url", "health_timeout")
+    record = {"pid": os.getpid(), "since": engine._now(), "roles": {
+        r: {**{k: s.get(k) for k in keep}, "old_unit": old[r][0], "old_env": old[r][1],
+            "old_config": old[r][2],
             "before": {k: before[r].get(k) for k in ("ActiveState", "UnitFileState")}}
-        for r, s in roles.items()}})
+        for r, s in roles.items()}}
+    write_file(str(txn_file()), json.dumps(record, indent=2, sort_keys=True) + "\n",
+               SECRET_MODE)
 
 
 def finish() -> None:
@@ -362,9 +436,9 @@ def recover(events: Events) -> list[dict] | None:
     if not txn:
         return None
     roles = txn["roles"]
-    old = {r: (x["old_unit"], x["old_env"]) for r, x in roles.items()}
+    old = {r: (x["old_unit"], x["old_env"], x.get("old_config")) for r, x in roles.items()}
     touched = [r for r, x in roles.items()
-               if (read_text(x["unit_path"]), read_text(x["env_path"])) != old[r]
+               if files_of(x) != old[r]
                or show(x["unit"]).get("ActiveState") != x["before"].get("ActiveState")]
     events("step", message=f"rolling back an interrupted deploy (pid {txn.get('pid')}, "
                            f"since {txn.get('since')})")
@@ -443,7 +517,10 @@ def roll_back(roles: dict, old: dict, touched: list[str], restarted: list[str],
     for role in touched:
         spec = roles[role]
         for path, text, mode in ((spec["unit_path"], old[role][0], 0o644),
-                                 (spec["env_path"], old[role][1], 0o600)):
+                                 (spec["env_path"], old[role][1], SECRET_MODE),
+                                 (spec.get("config_path"), old[role][2], SECRET_MODE)):
+            if not path:
+                continue
             if text is None:
                 remove_file(path)
             elif read_text(path) != text:
@@ -507,8 +584,9 @@ def execute(request: dict, events: Events | None = None) -> dict:
             return op_deploy(request, events)
         raise EngineError(f"unknown op {request['op']!r}", "usage")
     except EngineError as exc:
-        return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
-                                       "details": exc.details}}
+        red = redactor(request)
+        return {"ok": False, "error": {"kind": exc.kind, "message": red.text(str(exc)),
+                                       "details": red.text(exc.details or "")}}
 
 
 def main(argv: list[str]) -> int:

@@ -18,6 +18,7 @@ for systemd's EnvironmentFile= parser.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -28,12 +29,21 @@ from typing import Any, Callable
 from patchset import validate
 from patchset.errors import PatchsetError, UsageError
 
+from auditor.redact import is_secret_name
+
 ROLES = ("prefill", "decode", "router")
 SERVER_ROLES = ("prefill", "decode")
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/sglang"
 TEMPLATE_DIRS = (Path(__file__).resolve().parent.parent / "systemd",   # a checkout
                  Path(sys.prefix) / "share" / "patchset" / "systemd")     # an install
+# Credentials of a server role go to a root-only file next to its env file that SGLang
+# reads with `--config FILE.yaml` (server_args.py prepare_server_args ->
+# ConfigArgumentMerger): the unit file and /proc/PID/cmdline never hold them. Keys are
+# the flags without `--` (the merger turns `api-key: v` back into `--api-key v`).
+CONFIG_SUFFIX = ".secrets.yaml"
+SECRET_SETTINGS = {"api_key": "api-key", "admin_api_key": "admin-api-key"}
+MAX_SECRET = 4096
 
 MIN_TIMEOUT_START = 1800      # model load of a large checkpoint
 MIN_NOFILE = 65535            # SGLang's set_ulimit() raises the soft limit to this
@@ -188,15 +198,60 @@ def _args(value: Any) -> list[str]:
         raise SettingError((), "must be a list of arguments, one item per word "
                            "(e.g. [--mem-fraction-static, \"0.85\"])")
     out = []
+    secret_next = None                     # the flag whose value this item is
     for index, item in enumerate(value):
+        if secret_next is not None:
+            out.append(_secret_value(item, (index,), secret_next))
+            secret_next = None
+            continue
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
             raise SettingError((index,), f"{item!r} must be a string")
+        flag = secret_flag(str(item))
+        if flag is not None:
+            if not re.fullmatch(r"--[A-Za-z0-9][A-Za-z0-9_-]*", flag):
+                raise SettingError((index,), f"{flag!r} is not a flag")
+            if "=" in str(item):
+                _secret_value(str(item).split("=", 1)[1], (index,), flag)
+            else:
+                secret_next = flag
+            out.append(str(item))
+            continue
         try:
             exec_word(str(item), "argument")
         except SettingError as exc:
             raise SettingError((index,), str(exc)) from None
         out.append(str(item))
+    if secret_next is not None:
+        raise SettingError((len(value) - 1,), f"{secret_next} needs a value")
     return out
+
+
+def secret_flag(word: str) -> str | None:
+    """The flag of `--api-key` / `--api-key=v` when its name is a credential's
+    (auditor.redact.is_secret_name); None for any other word."""
+    if not word.startswith("--"):
+        return None
+    flag = word.split("=", 1)[0]
+    return flag if flag != "--config" and is_secret_name(flag) else None
+
+
+def _secret_value(value: Any, path: tuple, what: str) -> str:
+    """A credential (api_key, a secret flag's value): never echoed in a message."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SettingError(path, f"{what}: must be a string (quote it in YAML)")
+    value = str(value)
+    why = ("is empty" if not value else
+           f"is longer than {MAX_SECRET} characters" if len(value) > MAX_SECRET else
+           "contains a newline, tab or control character" if not value.isprintable() else
+           "starts with '-' (SGLang's argument parser would take it for an option)"
+           if value.startswith("-") else None)
+    if why:
+        raise SettingError(path, f"{what}: the value {why} (not shown: it is a credential)")
+    return value
+
+
+def _secret(value: Any) -> str:
+    return _secret_value(value, (), "the value")
 
 
 def _env(value: Any) -> dict[str, str]:
@@ -214,6 +269,9 @@ def _env(value: Any) -> dict[str, str]:
         try:
             env_value(str(item), name)
         except SettingError as exc:
+            if is_secret_name(name):
+                raise SettingError((name,), f"{name}: the value contains a newline or control "
+                                   "character (not shown: it is a credential)") from None
             raise SettingError((name,), str(exc)) from None
         out[name] = str(item)
     return out
@@ -285,6 +343,10 @@ SCHEMA: dict[str, Setting] = {
                           "managed tree whatever the venv has installed [true]"),
     "prefill": Setting(_urls, ("router",), False, "prefill URLs [this host's prefill]"),
     "decode": Setting(_urls, ("router",), False, "decode URLs [this host's decode]"),
+    "api_key": Setting(_secret, S, True, f"--api-key, in the root-only ROLE{CONFIG_SUFFIX} "
+                       "read with --config (never in the unit or the command line)"),
+    "admin_api_key": Setting(_secret, S, True, f"--admin-api-key, in ROLE{CONFIG_SUFFIX} "
+                             "like api_key"),
 }
 
 
@@ -303,6 +365,13 @@ def check_settings(role: str | None, settings: Any) -> dict[str, Any]:
             out[key] = spec.check(value)
         except SettingError as exc:
             raise SettingError((key, *exc.path), str(exc)) from None
+    if role == "router":
+        for index, word in enumerate(out.get("extra_args", [])):
+            if secret_flag(word):
+                raise SettingError(("extra_args", index), f"{secret_flag(word)}: the router "
+                                   "reads no --config file, and on its command line the "
+                                   "credential is readable by every local user (ps, "
+                                   "/proc/PID/cmdline)")
     return out
 
 
@@ -327,10 +396,17 @@ class RoleUnit:
     tree: str | None                # None for the router (it does not import the tree)
     patches: str                    # PATCHSET_PATCHES: the applied patches this role runs
     notes: list[str] = field(default_factory=list)
+    config: dict[str, str] = field(default_factory=dict)   # credentials: `--config` file
+    config_path: str | None = None  # ENV_DIR/ROLE.secrets.yaml (server roles)
 
 
 def unit_name(role: str) -> str:
     return f"sglang-{role}.service"
+
+
+def config_path(role: str) -> str | None:
+    """Where a server role's credentials go (root only, 0600); None for the router."""
+    return f"{ENV_DIR}/{role}{CONFIG_SUFFIX}" if role in SERVER_ROLES else None
 
 
 def role_settings(host: Any, role: str) -> dict[str, Any]:
@@ -452,7 +528,10 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
                  str(settings.get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT))]
     if settings.get("ib_device"):
         argv += ["--disaggregation-ib-device", settings["ib_device"]]
-    argv += _extra(host, role, settings)
+    extra, config = _credentials(host, role, settings, _extra(host, role, settings))
+    argv += extra
+    if config:
+        argv += ["--config", config_path(role)]
     gates, sources = role_gates(applied, role)
     own = settings["env"]
     overridden = {k: (v, own[k]) for k, v in gates.items() if k in own and own[k] != v}
@@ -473,7 +552,8 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
                     overridden_gates=overridden,
                     health_url=f"http://{_url_host(_connect_host(bind))}:{port}/health",
                     health_timeout=_common(settings), settings=settings, tree=tree,
-                    patches=env["PATCHSET_PATCHES"], notes=notes)
+                    patches=env["PATCHSET_PATCHES"], notes=notes, config=config,
+                    config_path=config_path(role) if config else None)
 
 
 def _url_host(host: str) -> str:
@@ -483,11 +563,41 @@ def _url_host(host: str) -> str:
 def _extra(host: Any, role: str, settings: dict) -> list[str]:
     extra = settings.get("extra_args", [])
     for word in extra:
-        if word.split("=", 1)[0] in MANAGED_FLAGS[role]:
+        flag = word.split("=", 1)[0]
+        if flag in MANAGED_FLAGS[role] or (flag == "--config" and role in SERVER_ROLES):
             raise UsageError(f"{host.name}: hosts.{host.name}.roles.{role}.extra_args: "
-                             f"{word.split('=', 1)[0]} is rendered by deploy; set it with the "
+                             f"{flag} is rendered by deploy; set it with the "
                              "role's own setting instead")
     return list(extra)
+
+
+def _credentials(host: Any, role: str, settings: dict,
+                 extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(extra_args without credentials, the `--config` file's entries): api_key,
+    admin_api_key and every secret flag of extra_args (`--api-key V`, `--x-password=V`)."""
+    config = {cli: settings[key] for key, cli in SECRET_SETTINGS.items() if settings.get(key)}
+    given = {cli: f"{key} (hosts.{host.name})" for key, cli in SECRET_SETTINGS.items()
+             if settings.get(key)}
+    kept, index = [], 0
+    while index < len(extra):
+        word, flag = extra[index], secret_flag(extra[index])
+        if flag is None:
+            kept.append(word)
+            index += 1
+            continue
+        if "=" in word:
+            value, index = word.split("=", 1)[1], index + 1
+        elif index + 1 < len(extra):
+            value, index = extra[index + 1], index + 2
+        else:
+            raise UsageError(f"{host.name}: hosts.{host.name}.roles.{role}.extra_args: {flag} "
+                             "needs a value")
+        key = flag[2:]
+        if key in config:
+            raise UsageError(f"{host.name}: hosts.{host.name}.roles.{role}: {flag} is given "
+                             f"twice ({given[key]} and extra_args)")
+        config[key], given[key] = value, "extra_args"
+    return kept, config
 
 
 def _router(host: Any, settings: dict, python: str) -> RoleUnit:
@@ -534,6 +644,8 @@ class Rendered:
     unit_text: str
     env_path: str
     env_text: str
+    config_path: str | None = None  # the credentials file (`--config`), when there are any
+    config_text: str | None = None
 
 
 def template_dir() -> Path:
@@ -590,14 +702,39 @@ def render(host: Any, units: dict[str, RoleUnit], template_dir: Path | None = No
         }
         unit_text = env.get_template(f"sglang-{role}.service.j2").render(context)
         env_text = env.get_template(f"sglang-{role}.env.j2").render(context)
-        _check_rendered(u, unit_text, env_text)
-        out[role] = Rendered(role, u.unit, u.unit_path, unit_text, u.env_path, env_text)
+        config = config_text(u, host.name, source) if u.config else None
+        _check_rendered(u, unit_text, env_text, config)
+        out[role] = Rendered(role, u.unit, u.unit_path, unit_text, u.env_path, env_text,
+                             u.config_path if config is not None else None, config)
     return out
 
 
-def _check_rendered(u: RoleUnit, unit_text: str, env_text: str) -> None:
-    """Belt and braces: the env file must parse back to exactly the intended env."""
+def config_text(u: RoleUnit, host: str, source: str = "hosts.yaml") -> str:
+    """The `--config` YAML of a role: one `flag-name: "value"` line per credential (JSON
+    string syntax, which YAML's double-quoted scalars read the same)."""
+    lines = [f"# {u.config_path}: credentials of {u.unit} on {host}, root only (0600).",
+             f"# Rendered by `patchset deploy` from {source}; do not edit here. SGLang reads",
+             "# it with --config, so the values stay out of the unit file and the command line."]
+    lines += [f"{key}: {json.dumps(value, ensure_ascii=False)}" for key, value in u.config.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _check_rendered(u: RoleUnit, unit_text: str, env_text: str,
+                    config: str | None = None) -> None:
+    """Belt and braces: the env file must parse back to exactly the intended env, the
+    credentials file to the intended entries, and no credential flag is left in ExecStart.
+    Messages name variables, never values (they may be credentials)."""
     parsed = parse_env_file(env_text)
     if parsed != u.env:
+        names = sorted({k for k, _ in set(parsed.items()) ^ set(u.env.items())})
         raise UsageError(f"{u.unit}: the rendered env file does not round-trip (template "
-                         f"bug?): {sorted(set(parsed.items()) ^ set(u.env.items()))[:3]}")
+                         f"bug?): {', '.join(names[:3])}")
+    leaked = [w.split("=", 1)[0] for w in u.argv if secret_flag(w)]
+    if leaked:
+        raise UsageError(f"{u.unit}: {', '.join(leaked)} would be on the command line")
+    if config is not None:
+        import yaml
+        back = yaml.safe_load(config)
+        if back != u.config:
+            raise UsageError(f"{u.unit}: the rendered {u.config_path} does not round-trip: "
+                             f"{', '.join(sorted(set(back or {}) ^ set(u.config))) or 'a value'}")

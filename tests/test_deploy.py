@@ -19,6 +19,9 @@ VENV = "/opt/venv"
 PYTHON = f"{VENV}/bin/python"
 UNITS = [f"sglang-{r}.service" for r in units.ROLES]
 NASTY = 'two words, a "quote", $HOME, `tick`, back\\slash and 50%'
+API_KEY = 'k3y with "q" $HOME %d back\\slash'       # only ever in /etc/sglang/ROLE.secrets.yaml
+ADMIN_KEY = "adm1n-k3y-for-decode"
+HF_TOKEN = "hf_DeployTestTokenAbCdEf123"
 
 
 
@@ -93,6 +96,15 @@ def proc_environ(host: TestHost, pid: int) -> dict[str, str]:
     return json.loads(raw)
 
 
+def all_cmdlines(host: TestHost) -> list[str]:
+    """/proc/PID/cmdline of every process on the host, NULs as spaces."""
+    script = ("import os\nfor p in os.listdir(\"/proc\"):\n    if p.isdigit():\n        try:\n"
+              "            print(open(\"/proc/\" + p + \"/cmdline\", \"rb\").read().replace("
+              "b\"\\0\", b\" \").decode(errors=\"replace\"))\n        except OSError:\n"
+              "            pass\n")
+    return on_host(host, f"python3 -c '{script}'").splitlines()
+
+
 def exec_argv(unit_text: str) -> list[str]:
     """ExecStart= as systemd splits it (the subset the templates write)."""
     import shlex
@@ -112,17 +124,22 @@ def files_on(host: TestHost) -> dict[str, str | None]:
 # ---------------------------------------------------------------- deploy
 
 def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, deploy_env,
-                                                         capsys) -> None:
-    deploy_env()
+                                                         capsys, ports) -> None:
+    deploy_env(serving={"api_key": API_KEY},
+               roles={"decode": {"admin_api_key": ADMIN_KEY, "env": {"HF_TOKEN": HF_TOKEN}}})
     prepare_tree(one_host, capsys, "--tier", "moderate")   # chat-a, dsv4-b (prefill), idx-c
     code, out, err = cli(capsys, "deploy", one_host.name, "--dry-run")
     assert code == 0, err
+    for secret in (API_KEY, ADMIN_KEY, HF_TOKEN):
+        assert secret not in out + err
+    assert '+api-key: "<redacted>"' in out and "+HF_TOKEN=<redacted>" in out
     assert "+++ b/etc/systemd/system/sglang-decode.service" in out
     assert f"{one_host.name}: decode sglang-decode.service: would install and restart" in out
     assert files_on(one_host) == dict.fromkeys(files_on(one_host))        # nothing installed
 
     code, out, err = cli(capsys, "deploy", one_host.name, "--json")
     assert code == 0, err
+    assert not any(s in out + err for s in (API_KEY, ADMIN_KEY, HF_TOKEN))
     [result] = json.loads(out)
     assert result["ok"] and result["changed"]
     assert [r["actions"] for r in result["roles"]] == [["installed", "enabled", "restarted"]] * 3
@@ -139,6 +156,26 @@ def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, dep
         environ = proc_environ(one_host, pid)
         assert {k: environ.get(k) for k in env} == env
         assert environ["NASTY"] == NASTY
+        assert API_KEY not in files[f"/etc/systemd/system/{unit}"] + files[f"/etc/sglang/{role}.env"]
+    # The key is in the root-only --config file only: not in the unit, the env file or the
+    # command line of any process of the server units, and the servers require it.
+    assert on_host(one_host, "stat -c '%a %U %G %n' /etc/sglang/*").splitlines() == [
+        f"600 root root /etc/sglang/{name}" for name in (
+            "decode.env", "decode.secrets.yaml", "prefill.env", "prefill.secrets.yaml",
+            "router.env")]
+    lines = all_cmdlines(one_host)
+    assert sum("sglang::" in line for line in lines) >= 2           # the scheduler children
+    assert not [line for line in lines if API_KEY in line or ADMIN_KEY in line]
+    for role, unit in zip(units.SERVER_ROLES, UNITS):
+        config = f"/etc/sglang/{role}.secrets.yaml"
+        assert yaml.safe_load(on_host(one_host, f"cat {config}"))["api-key"] == API_KEY
+        assert any("sglang.launch_server" in line and f"--config {config}" in line
+                   for line in lines)
+        assert f"--config {config}" in files[f"/etc/systemd/system/{unit}"]
+        models = f"http://127.0.0.1:{ports[role]}/v1/models"
+        assert _status(models) == 401 and _status(models, "wrong") == 401
+        assert _status(models, API_KEY) == 200
+    assert "api-key" not in on_host(one_host, "cat /etc/sglang/router.env")
     decode = units.parse_env_file(files["/etc/sglang/decode.env"])
     prefill = units.parse_env_file(files["/etc/sglang/prefill.env"])
     assert decode["TRITON_INDEXER"] == "1" and "TRITON_INDEXER" not in prefill
@@ -230,6 +267,18 @@ def test_unsafe_values_are_refused_before_anything_is_installed(one_host: TestHo
     assert code == 4 and "systemd-analyze verify refused the units (nothing was installed)" in err
     assert "no-such-python is not executable" in err
     assert set(files_on(one_host).values()) == {None}
+
+
+def _status(url: str, token: str | None = None) -> int:
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
+                                 else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def _line(path: Path, text: str) -> int:

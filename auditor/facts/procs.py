@@ -87,3 +87,16 @@ class HostClock(Fact):
                 return {"btime": int(line.split()[1]), "clk_tck": int(raw.get("clk_tck") or 100),
                         "now": float(raw.get("now") or 0.0)}
         raise Unavailable("no btime line in /proc/stat")
+
+
+class ConfigFile(Fact):
+    """A server's `--config FILE.yaml` (SGLang reads options, credentials included, from
+    it): the top-level keys the gatherer found (it sends no values) and the file's mode and
+    owner -> {"keys": [...], "stat": {...}}."""
+
+    def command(self, path: str = "", **kwargs: Any) -> Command:
+        return Command("read", target=path, limit=1 << 16)
+
+    def process(self, raw: dict) -> dict:
+        keys = [line.strip() for line in ok_output(raw).splitlines() if line.strip()]
+        return {"keys": keys, "stat": raw.get("stat")}

@@ -17,6 +17,7 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -122,6 +123,8 @@ class Runner:
         return self.record(cmd, start, exit_code=0, stdout=self.redact(text, mode), **extra)
 
     def redact(self, text: str, mode: str) -> str:
+        if mode == "keys":     # a --config file: its top-level key names, never a value
+            return "\n".join(re.findall(r"(?m)^([A-Za-z0-9_][A-Za-z0-9_.-]*)[ \t]*:", text))
         if mode == "environ":
             out = []
             for item in text.split("\0"):
@@ -281,6 +284,11 @@ class Gatherer:
             "exe": _readlink(f"/proc/{pid}/exe"), "cwd": _readlink(f"/proc/{pid}/cwd"),
             "children": [],
         }
+        config = _flag(argv, "--config")
+        config_path = os.path.join(rec["cwd"] or "/", config) if config else None
+        if config_path:             # which settings it holds and who may read it
+            rec["config_file"] = self.r.read(procs.ConfigFile().command(path=config_path),
+                                             "keys", stat=True)
         for child in _descendants(pid, table):
             if not child["args"].startswith("sglang::"):
                 continue
@@ -293,7 +301,8 @@ class Gatherer:
             return rec
         host, port = _listen(argv)
         base = f"http://{_connect_host(host)}:{port}"
-        token = _flag(argv, "--api-key") or environ.get("SGLANG_API_KEY")
+        token = (_flag(argv, "--api-key") or _config_value(config_path, "api-key")
+                 or environ.get("SGLANG_API_KEY"))
         rec["base_url"] = base
         rec["server_info"] = self.http_first(http.ServerInfo(), base, token)
         rec["model_info"] = self.http_first(http.ModelInfo(), base, token)
@@ -472,6 +481,29 @@ def _flag(argv: list[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.partition("=")[2]
     return None
+
+
+def _config_value(path: str | None, key: str) -> str | None:
+    """A scalar of a --config YAML file (`key: "v"`, `key: 'v'`, `key: v`), read here to
+    authenticate to the server; it never leaves the host."""
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")[: 1 << 16]
+    except (OSError, UnicodeDecodeError):
+        return None
+    m = re.search(r"(?m)^" + re.escape(key) + r"[ \t]*:[ \t]*(.*?)[ \t]*$", text)
+    if not m or not m.group(1):
+        return None
+    raw = m.group(1)
+    if raw.startswith('"'):
+        try:
+            return str(json.loads(raw))
+        except ValueError:
+            return None
+    if raw.startswith("'") and raw.endswith("'") and len(raw) > 1:
+        return raw[1:-1].replace("''", "'")
+    return raw.split(" #", 1)[0]
 
 
 def _listen(argv: list[str]) -> tuple[str, int]:

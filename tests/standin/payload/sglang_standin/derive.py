@@ -16,6 +16,12 @@ and evaluated just far enough:
   source (deprecated-flag actions are the real classes of
   ``argparse_actions.py``).  So option strings, dest, type, nargs, choices,
   defaults, required flags and error messages are SGLang's own.
+* ``--config FILE.yaml``: the step ``prepare_server_args`` takes before parsing
+  (``if "--config" in argv: argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)``)
+  runs the tree's own ``ConfigArgumentMerger`` (``srt/server_args_config_parser.py``,
+  executed for real) on the derived parser, with ``yaml`` bound to PyYAML when the venv
+  has it, else to ``yaml_subset`` (``safe_load`` for flat mappings of scalars; anything
+  else is refused, never guessed).
 * Names those expressions use are resolved through the imports of the module
   they appear in: module constants are evaluated from their assignments; a
   module whose own imports are all standard library (``argparse_actions.py``,
@@ -747,6 +753,8 @@ class ServerArgsSpec:
     prog: str
     options: list[dict]  # one record per add_argument, for reports/tests
     missing_defaults: Callable[[dict], None]
+    # prepare_server_args' config step: (flag, merge(parser, argv) -> argv); None if absent
+    config_step: tuple[str, Callable[[argparse.ArgumentParser, list[str]], list[str]]] | None = None
 
     def defaults(self) -> dict[str, Any]:
         """``{field: default}`` in declaration order (MISSING for a required field)."""
@@ -760,7 +768,15 @@ class ServerArgsSpec:
         Exits with status 2 and argparse's message on bad input (argparse does).
         Returns field values in declaration order, before ``__post_init__``.
         """
-        return self.from_namespace(self.parser.parse_args(argv))
+        return self.from_namespace(self.parser.parse_args(self.merged(argv)))
+
+    def merged(self, argv: list[str]) -> list[str]:
+        """argv after ``prepare_server_args``' ``--config`` step (the file's options
+        first, then the command line's: CLI > config > defaults, as upstream)."""
+        argv = list(argv)
+        if self.config_step is not None and self.config_step[0] in argv:
+            return self.config_step[1](self.parser, argv)
+        return argv
 
     def from_namespace(self, ns: argparse.Namespace) -> dict[str, Any]:
         """``ServerArgs.from_cli_args``: fields on the namespace, dataclass defaults otherwise."""
@@ -912,8 +928,59 @@ def derive_server_args(tree: SourceTree) -> ServerArgsSpec:
             })
     return ServerArgsSpec(
         fields=fields, parser=parser, prog=prog, options=options,
-        missing_defaults=_missing_defaults_hook(scope, cls),
+        missing_defaults=_missing_defaults_hook(scope, cls), config_step=config_step(tree),
     )
+
+
+def config_step(tree: SourceTree) -> tuple[str, Callable[[argparse.ArgumentParser, list[str]], list[str]]] | None:
+    """``prepare_server_args``' ``if FLAG in argv:`` block that imports and runs
+    ``ConfigArgumentMerger``: (FLAG, merge).  ``merge(parser, argv)`` is
+    ``ConfigArgumentMerger(parser).merge_config_with_args(argv)`` with the tree's class,
+    its module executed for real (``yaml``: PyYAML if importable, else yaml_subset;
+    every other import must be standard library)."""
+    scope = tree.scope("sglang.srt.server_args")
+    fn = scope.funcdef("prepare_server_args")
+    found = None
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Constant) and len(node.test.ops) == 1
+                and isinstance(node.test.ops[0], ast.In)):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.ImportFrom) and any(a.name == "ConfigArgumentMerger" for a in sub.names):
+                found = (node.test.left.value, sub.module, node)
+    if found is None:
+        return None
+    flag, modname, block = found
+    calls = {ast.unparse(c.func).rsplit(".", 1)[-1] for c in ast.walk(block) if isinstance(c, ast.Call)}
+    if not {"ConfigArgumentMerger", "merge_config_with_args"} <= calls:
+        raise DerivationError(f"prepare_server_args: the {flag} block does not merge with "
+                              "ConfigArgumentMerger(parser).merge_config_with_args(argv)")
+    path = tree.file_for(modname or "")
+    if path is None:
+        raise DerivationError(f"{modname}: not in the tree")
+    module = ast.parse(path.read_text(), filename=str(path))
+    body: list[ast.stmt] = []
+    for stmt in module.body:
+        if isinstance(stmt, ast.Import) and [a.name for a in stmt.names] == ["yaml"]:
+            continue                                  # bound below
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module or ""]
+            if stmt.__class__ is ast.ImportFrom and stmt.level or any(n.split(".")[0] not in _STDLIB for n in names):
+                raise DerivationError(f"{modname}: imports {ast.unparse(stmt)} (only yaml and the "
+                                      "standard library are understood)")
+        body.append(stmt)
+    try:
+        yaml_module: Any = importlib.import_module("yaml")
+    except ImportError:
+        from . import yaml_subset as yaml_module
+    namespace: dict[str, Any] = {"__name__": f"_sglang_standin_src.{modname}", "__builtins__": builtins,
+                                 "__file__": str(path), "yaml": yaml_module}
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
+    merger = namespace.get("ConfigArgumentMerger")
+    if not isinstance(merger, type) or not hasattr(merger, "merge_config_with_args"):
+        raise DerivationError(f"{modname}: no ConfigArgumentMerger.merge_config_with_args")
+    return flag, lambda parser, argv: merger(parser).merge_config_with_args(argv)
 
 
 def _parser_prog(scope: ModuleScope) -> str:

@@ -2,10 +2,11 @@
 
 What runs, in the order the real server does it:
 
-1. the ``UserWarning`` ``launch_server.py`` prints, then argument parsing with
-   the parser derived from the tree's ``server_args.py`` (unknown flag or bad
-   value: argparse's message and exit code 2), then ``logging.basicConfig``
-   at ``--log-level``;
+1. the ``UserWarning`` ``launch_server.py`` prints, then ``--config FILE.yaml``
+   merged in by the tree's ``ConfigArgumentMerger`` (derive.py; a bad file raises as
+   upstream: traceback, exit 1), then argument parsing with the parser derived from
+   the tree's ``server_args.py`` (unknown flag or bad value: argparse's message and
+   exit code 2), then ``logging.basicConfig`` at ``--log-level``;
 2. ``ServerArgs.from_cli_args`` and the deterministic part of
    ``__post_init__``: ``_handle_missing_default_values`` (tokenizer_path and
    served_model_name default to model_path, device "cuda", a random seed,
@@ -28,8 +29,8 @@ Endpoints: ``/health``, ``/health_generate``, ``/server_info``,
 ``/get_server_info`` (deprecated alias, logs upstream's warning),
 ``/model_info``, ``/get_model_info``, ``/v1/models``, ``/v1/models/{model}``,
 ``/v1/chat/completions`` (JSON or SSE stream; answers from chat.py).  With
-``--api-key``/``--admin-api-key`` the tree's own ``decide_request_auth``
-decides (``/health*`` stays open).
+``--api-key``/``--admin-api-key`` (on the command line or in the ``--config``
+file) the tree's own ``decide_request_auth`` decides (``/health*`` stays open).
 
 Faked, because there is no model or GPU: ``max_total_num_tokens``
 (``STANDIN_MAX_TOTAL_TOKENS``, default 1048576), the context length
@@ -394,9 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     if d.launch_warning:
         message, filename, lineno = d.launch_warning
         warnings.warn_explicit(message, UserWarning, filename, lineno)
-    if "--config" in argv:
-        sys.stderr.write(f"{d.server_args.prog}: error: --config (YAML) is not supported by the stand-in\n")
-        sys.exit(2)
+    argv = d.server_args.merged(argv)  # --config FILE.yaml, as prepare_server_args
     ns = d.server_args.parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(ns.log_level).upper(), logging.INFO),

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from patchset import factnames, inputfile, yamlsrc
 from patchset.errors import EXIT_BAD_INPUT, PatchsetError
 from patchset.model import PATHS, REQUIRE_OPS, Requirement
 
@@ -109,10 +108,9 @@ DTYPE_BITS = {"F64": 64, "I64": 64, "U64": 64, "C64": 64, "F32": 32, "I32": 32, 
 
 
 def _load(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise AuditDataError(f"{path}: cannot read: {exc}") from None
+    """Through the same bounded reader and positioned YAML loader as the manifest."""
+    text = inputfile.read_text(path, inputfile.DATA_LIMIT, "policy file")
+    data = yamlsrc.load(text, str(path)).data
     if not isinstance(data, dict) or data.get("version") != 1:
         raise AuditDataError(f"{path}: version: must be 1")
     return data
@@ -124,7 +122,12 @@ def _req(path: Path, where: str, item: Any) -> Requirement:
     if item["op"] not in REQUIRE_OPS:
         raise AuditDataError(f"{path}: {where}.op: {item['op']!r} is not one of "
                              f"{', '.join(REQUIRE_OPS)}")
+    bad = factnames.problem(str(item["fact"]))
     value = tuple(item["value"]) if isinstance(item["value"], list) else item["value"]
+    bad = bad or factnames.value_problem(str(item["fact"]), value if isinstance(value, tuple)
+                                         else (value,))
+    if bad:
+        raise AuditDataError(f"{path}: {where}.fact: {bad}")
     return Requirement(str(item["fact"]), item["op"], value, str(item.get("why", "")))
 
 

@@ -7,6 +7,8 @@ are closed when the resolver's `with` block ends.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -57,10 +59,17 @@ class Hosts:
             transport.close()
 
 
+# In the default tree's .git: the whole pin it was provisioned from (its path names only
+# name-version, so a pin edited in place must not keep using a tree made from another).
+PIN_RECORD = "patchset-pin.json"
+
+
 def local_target(series: Series, provision: bool, progress: Progress) -> Path:
-    """The default local tree; provisioned from the pin on first use when `provision`."""
+    """The default local tree; provisioned from the pin on first use when `provision`.
+    An existing one is used only for the pin it was made from (check_tree_pin)."""
     path = default_target(series.upstream)
     if path.exists():
+        check_tree_pin(series.upstream, path)
         return path
     if not provision:
         raise UsageError(f"localhost: no tree at {path} yet; run "
@@ -71,7 +80,44 @@ def local_target(series: Series, provision: bool, progress: Progress) -> Path:
     with progress.task(f"provisioning {series.upstream.name} {series.upstream.version} "
                        f"at {path}"):
         materialize(base, path, layout="git")
+    (path / ".git" / PIN_RECORD).write_text(json.dumps(
+        {"pin": dataclasses.asdict(series.upstream), "commit": base.commit}, indent=2,
+        sort_keys=True) + "\n")
     return path
+
+
+def check_tree_pin(pin, path: Path) -> None:
+    """Read-only: refuse (exit 2, `file:line: upstream.FIELD`) a pin whose sha256 the
+    cached wheel disagrees with, or that is not the pin the default tree at `path` was
+    provisioned from (the first field that differs, both values shown)."""
+    from patchset import pinrules
+    from patchset.upstream import verify_cached_wheel
+    verify_cached_wheel(pin)
+    try:
+        recorded = json.loads((path / ".git" / PIN_RECORD).read_text())["pin"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a tree provisioned before the record existed: the engine checks its files
+    current = dataclasses.asdict(pin)
+    if recorded == current:
+        return
+    field, old, new = _first_difference(recorded, current)
+    raise pinrules.pin_error(pin, field, (
+        f"{path} was provisioned from {'.'.join(field)} {old!r}, the manifest says {new!r}; "
+        f"nothing was changed - correct the pin, or remove {path} to provision it again"))
+
+
+def _first_difference(old: dict, new: dict) -> tuple[tuple[str, ...], object, object]:
+    names = {"git_prefix": ("layout", "git_prefix")}
+    for key in ("name", "version", "git", "pypi", "git_prefix"):
+        a, b = (old or {}).get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            for sub in sorted(set(a) | set(b)):
+                if a.get(sub) != b.get(sub):
+                    return (key, sub), a.get(sub), b.get(sub)
+        return names.get(key, (key,)), a, b
+    return ("version",), old, new
 
 
 def base_provider(series: Series, progress: Progress) -> Callable[[], tuple[str, Path]]:

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -312,24 +313,29 @@ def verify_base(target: Target, base_files: dict[str, str | None]) -> None:
     for path, blob in sorted(base_files.items()):
         found = file_blob(target.disk(path))
         if found != blob:
-            what = "missing" if found is None else f"blob {found[:12]}"
+            what = "missing" if found is None else f"blob {found}"
             raise EngineError(f"target {target.root} is not the pinned base: {path} is {what}, "
-                              f"the pin has {blob[:12] if blob else 'no such file'} "
+                              f"the pin has {f'blob {blob}' if blob else 'no such file'} "
                               "(provision the pinned upstream or point --target at it)")
 
 
 # ---------------------------------------------------------------- building the result
 
 class Staging:
-    """A scratch copy of every touched file in git layout, under .patchset/txn/."""
+    """A scratch copy of every touched file in git layout: under .patchset/txn/ for a real
+    transaction (the journal's switch installs from there), or in `where`, a directory
+    outside the target, for a dry run. Never touches the target's files."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, where: Path | None = None) -> None:
         self.target = target
-        self.dir = target.meta / "txn"
+        self.dir = where if where is not None else target.meta / "txn"
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.work = self.dir / "work"
         self.work.mkdir(parents=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def seed(self, paths: list[str], base_files: dict[str, str | None]) -> None:
         for path in paths:
@@ -337,7 +343,17 @@ class Staging:
             if blob:
                 dest = self.work / path
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(self.target.read_blob(blob))
+                dest.write_bytes(self._base(path, blob))
+
+    def _base(self, path: str, blob: str) -> bytes:
+        """The pristine content: the file on disk while it still is the base (a first
+        apply, before anything is stored), else the target's content store."""
+        disk = self.target.disk(path)
+        if disk.is_file():
+            data = disk.read_bytes()
+            if blob_id(data) == blob:
+                return data
+        return self.target.read_blob(blob)
 
     def apply(self, spec: dict, patch_file: Path) -> list[tuple[str, bytes | None]]:
         """Apply one patch (git apply is all-or-nothing per patch); return its files after."""
@@ -348,19 +364,24 @@ class Staging:
             git(self.work, "apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve()),
                 env=env)
         except EngineError as exc:
-            raise EngineError(f"patch {spec['name']} does not apply: {exc}", "target",
-                              exc.details) from None
+            why = "; ".join(re.sub(r"^error: ", "", line.strip())
+                            for line in exc.details.splitlines() if line.strip())
+            raise EngineError(f"patch {spec['name']} does not apply on the base with the "
+                              f"patches before it: {why or 'git apply failed'}",
+                              "target") from None   # git's reason is in the one line
         for change in spec["files"]:
             self._expect(spec["name"], change["path"], change["post"], "post-image")
         return [(c["path"], self.content(c["path"])) for c in spec["files"]]
 
     def _expect(self, name: str, path: str, blob: str | None, what: str) -> None:
+        """Full 40-hex ids in the message: a 12-hex prefix can be the same for both."""
         found = file_blob(self.work / path)
         if found != blob:
-            raise EngineError(f"patch {name}: {path} {what} is "
-                              f"{found[:12] if found else 'absent'}, the patch records "
-                              f"{blob[:12] if blob else 'absent'} (series out of order, or the "
-                              "patch file does not match its index lines)")
+            verb = "does not apply" if what == "pre-image" else "gives the wrong result"
+            raise EngineError(f"patch {name} {verb}: {path} {what} is "
+                              f"{f'blob {found}' if found else 'absent'}, the patch records "
+                              f"{f'blob {blob}' if blob else 'absent'} (series out of order, "
+                              "or the patch file does not match its index lines)")
 
     def content(self, path: str) -> bytes | None:
         file = self.work / path
@@ -371,12 +392,17 @@ Step = list[tuple[str, "bytes | None"]]   # one patch's files after it: (path, c
 
 
 def build(target: Target, desired: list[dict], bundle: Path, base_files: dict,
-          extra_paths: set[str]) -> tuple[Staging, list[Step]]:
-    """Apply `desired` onto the base in staging; returns each patch's resulting files."""
+          extra_paths: set[str], where: Path | None = None) -> tuple[Staging, list[Step]]:
+    """Apply `desired` onto the base in staging; returns each patch's resulting files.
+    A patch that does not apply removes the staging at once (nothing is left behind)."""
     paths = sorted({c["path"] for s in desired for c in s["files"]} | extra_paths)
-    staging = Staging(target)
-    staging.seed(paths, base_files)
-    steps = [staging.apply(spec, bundle / spec["file"]) for spec in desired]
+    staging = Staging(target, where)
+    try:
+        staging.seed(paths, base_files)
+        steps = [staging.apply(spec, bundle / spec["file"]) for spec in desired]
+    except BaseException:
+        staging.remove()
+        raise
     return staging, steps
 
 
@@ -387,8 +413,8 @@ def check_patch_file(spec: dict, bundle: Path) -> None:
     except FileNotFoundError:
         raise EngineError(f"patch file {spec['file']} missing from the bundle", "usage") from None
     if digest != spec["sha256"]:
-        raise EngineError(f"patch {spec['name']}: file sha256 {digest[:12]} != "
-                          f"{spec['sha256'][:12]} (changed in transit?)", "usage")
+        raise EngineError(f"patch {spec['name']}: file sha256 {digest} != "
+                          f"{spec['sha256']} (changed in transit?)", "usage")
 
 
 # ---------------------------------------------------------------- git commits
@@ -492,7 +518,7 @@ def recover(target: Target) -> dict | None:
         found = file_blob(target.disk(path))
         if found not in (change["old"], change["new"]):
             raise EngineError(f"an interrupted {journal['op']} left {path} changed by hand since "
-                              f"(not {str(change['old'])[:12]} nor {str(change['new'])[:12]}): "
+                              f"(not {change['old']} nor {change['new']}): "
                               "restore it, then run the command again")
     switch(target, journal)
     return {"op": journal["op"], "id": journal["id"], "finished": True}
@@ -511,14 +537,24 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
     for spec in desired:
         check_patch_file(spec, bundle)
     if request.get("dry_run"):
+        # The same build as a real apply, off to the side: a patch that does not apply is
+        # the same refusal (message and exit code) as `apply`'s, and nothing is written.
+        with tempfile.TemporaryDirectory(prefix="patchset-dry-run-") as scratch:
+            build(target, desired, bundle, base_files, set(base_files), Path(scratch) / "txn")
         return {"changed": True, "dry_run": True, "before": [n for n, _ in current],
                 "after": [s["name"] for s in desired]}
-    target.ensure_meta()
-    _store_base(target, state, base_files)
+    # Build first: a patch that does not apply leaves the target as it was (no .patchset
+    # content store, no exclude line, no staging).
     staging, steps = build(target, desired, bundle, base_files, set(base_files))
-    crash_point("staged")
-    new_state = _new_state(target, request, state, base_files, desired, staging)
-    journal = _journal(target, request, state, desired, staging, steps, new_state)
+    try:
+        target.ensure_meta()
+        _store_base(target, state, base_files)
+        crash_point("staged")
+        new_state = _new_state(target, request, state, base_files, desired, staging)
+        journal = _journal(target, request, state, desired, staging, steps, new_state)
+    except BaseException:
+        staging.remove()
+        raise
     write_json(target.journal_file, journal)
     crash_point("journal")
     switch(target, journal)
@@ -931,21 +967,42 @@ def provision_base(request: dict, bundle: Path) -> str:
 
 def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
     shipped = bundle / "base.bundle"
-    attempts = [("controller", str(shipped), None)] if shipped.exists() else []
+    attempts = [("controller", str(shipped.resolve()), None)] if shipped.exists() else []
     if base.get("git") and not shipped.exists():
-        attempts.append(("git", base["git"]["url"], base["git"]["ref"]))
+        url, ref = base["git"]["url"], base["git"]["ref"]
+        _refuse_option("upstream.git.url", url)
+        _refuse_option("upstream.git.ref", ref)
+        attempts.append(("git", url, ref))
+    commit = base.get("commit")
+    if shipped.exists() and not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}",
+                                                                          commit)):
+        raise EngineError(f"the request's base commit {commit!r} is not a 40-hex id", "usage")
     for source, url, ref in attempts:
-        args = ["clone", "-q", "--no-checkout"] + (["--depth", "1", "--branch", ref] if ref
-                                                    else []) + [url, str(tmp)]
+        # url and ref come from a manifest: the ref is glued to --branch= and the url sits
+        # after `--`, so git can read neither as an option; only real transports are
+        # allowed (no ext:: or fd:: remote helpers).
+        args = ["clone", "-q", "--no-checkout"] + (["--depth", "1", f"--branch={ref}"] if ref
+                                                    else []) + ["--", url, str(tmp.resolve())]
         try:
-            subprocess.run(["git", *args], capture_output=True, env=git_env(), timeout=120,
-                           check=True)
+            subprocess.run(["git", *args], capture_output=True, timeout=120, check=True,
+                           env=git_env({"GIT_ALLOW_PROTOCOL": "https:http:ssh:git:file"}))
             git(tmp, "checkout", "-q", "-B", "patchset",
                 base["commit"] if source == "controller" else "HEAD")
             return source
         except (subprocess.SubprocessError, EngineError):
             shutil.rmtree(tmp, ignore_errors=True)
     return None
+
+
+def _refuse_option(field: str, value: object) -> None:
+    """The controller validates the pin (patchset/pinrules.py); the host checks again that
+    no value could reach git as an option or carry a control character."""
+    if (not isinstance(value, str) or not value or value.startswith(("-", "+"))
+            or re.search(r"[\x00-\x20\x7f]", value) or re.match(r"[A-Za-z][A-Za-z0-9+.-]*::",
+                                                                 value)):
+        raise EngineError(f"{field}: {value!r} is not allowed for git (it could be read as "
+                          "an option or a remote helper, or holds a space or control "
+                          "character); nothing was run", "usage")
 
 
 def run(request: dict, bundle: str | Path = ".") -> dict:

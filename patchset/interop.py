@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from . import patchfile
+from . import inputfile, patchfile
 from .errors import ManifestError, UsageError
 from .model import PATHS, TIERS, Series
 
@@ -132,7 +132,8 @@ def read_quilt(directory: Path) -> list[Incoming]:
         raise ManifestError(str(series_file), None, "(file)", "not found: not a quilt "
                             "patches directory")
     out = []
-    for number, line in enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1):
+    text = inputfile.read_text(series_file, inputfile.DATA_LIMIT, "quilt series file")
+    for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
@@ -167,8 +168,10 @@ def read_git(repo: Path, rev_range: str, split: bool) -> list[Incoming]:
     """One patch per commit of BASE..HEAD (oldest first), or one per file with `split`."""
     if ".." not in rev_range or rev_range.startswith("-"):
         raise UsageError(f"{rev_range!r}: expected a range BASE..HEAD")
-    commits = _git_out(repo, "rev-list", "--reverse", "--parents", rev_range,
-                       what=f"--git {repo} {rev_range}").split("\n")
+    # Never an option: a leading '-' is refused above, and --end-of-options (git 2.24+)
+    # makes git read whatever follows as a revision.
+    commits = _git_out(repo, "rev-list", "--reverse", "--parents", "--end-of-options",
+                       rev_range, what=f"--git {repo} {rev_range}").split("\n")
     out: list[Incoming] = []
     for line in filter(None, commits):
         ids = line.split()
@@ -471,13 +474,7 @@ def _append_entries(text: str, built: list[_Built]) -> str:
 # ---------------------------------------------------------------- small helpers
 
 def _read_text(file: Path) -> str:
-    data = file.read_bytes()
-    if b"\0" in data:
-        raise ManifestError(str(file), None, "(file)", "binary file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ManifestError(str(file), None, "(file)", "not UTF-8 text") from None
+    return inputfile.read_text(file, inputfile.PATCH_LIMIT, "patch file")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import factnames, inputfile, patchfile, validate, yamlsrc
+from . import pinrules
 from .errors import ManifestError
 from .model import (PATHS, REQUIRE_OPS, TIERS, UPSTREAM_STATUSES, Gate,
                     GitPin, Patch, PypiPin, Requirement, Series, UpstreamPin)
@@ -49,6 +50,7 @@ def load_series(manifest: str | Path) -> Series:
         raise doc.error(("version",), f"unsupported manifest version {version!r} "
                         f"(this patchset reads version {MANIFEST_VERSION})")
     upstream = _upstream(doc)
+    pinrules.remember(doc, upstream)
     patches = _patches(doc, path.parent, upstream.git_prefix)
     _check_references(doc, patches)
     _check_upstreamed(doc, patches)
@@ -107,6 +109,7 @@ def _upstream(doc: Located) -> UpstreamPin:
         g = _keys(doc, where + ("git",), up["git"], GIT_KEYS)
         git = GitPin(url=_string(doc, where + ("git", "url"), g["url"]),
                      ref=_string(doc, where + ("git", "ref"), g["ref"]))
+        pinrules.check_git(doc, where + ("git",), git)  # never a git option, see pinrules
     if up.get("pypi") is not None:
         p = _keys(doc, where + ("pypi",), up["pypi"], PYPI_KEYS)
         w = where + ("pypi",)
@@ -120,6 +123,7 @@ def _upstream(doc: Located) -> UpstreamPin:
                                         validate.PLATFORM))
         if not validate.WHEEL_FILE.ok(pypi.file) or pypi.file.startswith("."):
             raise doc.error(w + ("file",), f"{pypi.file!r} must be a bare wheel file name")
+        pinrules.check_pypi(doc, w, pypi)  # never a pip option, see pinrules
     if git is None and pypi is None:
         raise doc.error(where, "needs `git` or `pypi` (or both) to provision the base")
     prefix = "python/"

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from . import pinrules
 from .errors import HostUnreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
@@ -65,6 +66,8 @@ _REPO_VARS = frozenset(
     " GIT_COMMON_DIR GIT_NAMESPACE GIT_PREFIX GIT_QUARANTINE_PATH GIT_SHALLOW_FILE"
     " GIT_REPLACE_REF_BASE GIT_NO_REPLACE_OBJECTS".split()
 )
+# The transports a pinned git url may use (GIT_ALLOW_PROTOCOL, for every network call).
+_PROTOCOLS = "https:http:ssh:git:file"
 # Local config of a materialized clone: commits work without a global identity.
 _CLONE_CONFIG = {"user.name": USER_NAME, "user.email": USER_EMAIL, "core.autocrlf": "false"}
 _PIP_FLAGS = (
@@ -94,10 +97,10 @@ def cache_root() -> Path:
     """$PATCHSET_CACHE, else $XDG_CACHE_HOME/patchset, else ~/.cache/patchset."""
     explicit = os.environ.get("PATCHSET_CACHE")
     if explicit:
-        return Path(explicit).expanduser()
+        return Path(explicit).expanduser().absolute()  # absolute: never a `-...` argument
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"  # XDG: relative = unset
-    return base / "patchset"
+    return (base / "patchset").absolute()
 
 
 def provision(
@@ -110,21 +113,28 @@ def provision(
 
     Touches no network when the cache already holds the pin; `offline=True` never does
     and fails if the cache cannot provide the pin.
+
+    A pin is checked against everything the cache holds for it before anything is used
+    or written: a git url/ref or requirement that could become an option is refused, a
+    cached wheel whose sha256 is not the pin's is refused (and kept: exit 2, the cache
+    unchanged), and a cached base is used only when its recorded pin is this whole pin.
     """
-    cache = Path(cache) if cache is not None else cache_root()
+    cache = (Path(cache) if cache is not None else cache_root()).absolute()
     progress = progress or NullProgress()
     if pin.git is None and pin.pypi is None:
         raise UpstreamError(
             "upstream has neither git nor pypi; add one to upstream: in patches.yaml"
         )
+    pinrules.runtime_check(pin)
     key = _pin_key(pin)
     repo = cache / "repos" / key
     try:
-        found = _cached(repo, key)
+        verify_cached_wheel(pin, cache)
+        found = _cached(repo, key, pin)
         if found:
             return found
         with _locked(cache / "locks" / f"{key}.lock", progress):
-            return _cached(repo, key) or _build(pin, cache, key, progress, offline)
+            return _cached(repo, key, pin) or _build(pin, cache, key, progress, offline)
     except OSError as e:
         raise UpstreamError(
             f"cannot use the patchset cache {cache}: {e.strerror or e}"
@@ -143,9 +153,11 @@ def fetch_wheel(
     that need the wheel's own bytes, e.g. to compare a site-packages target with it."""
     if pin.pypi is None:
         raise UpstreamError("the pin has no pypi entry; add upstream.pypi to patches.yaml")
-    cache = Path(cache) if cache is not None else cache_root()
+    cache = (Path(cache) if cache is not None else cache_root()).absolute()
+    pinrules.runtime_check(pin)
     try:
-        return _wheel(pin.pypi, cache, progress or NullProgress(), offline)
+        verify_cached_wheel(pin, cache)
+        return _wheel(pin, cache, progress or NullProgress(), offline)
     except OSError as e:
         raise UpstreamError(
             f"cannot use the patchset cache {cache}: {e.strerror or e};"
@@ -257,9 +269,10 @@ def _moved_ref(ref: str, old: str, new: str) -> str:
 def _recorded_wheel(record: Path) -> PypiPin | None:
     """The wheel learnt for this release by an earlier run, or None."""
     try:
-        return PypiPin(**json.loads(record.read_text()))
+        found = PypiPin(**json.loads(record.read_text()))
     except (OSError, ValueError, TypeError):
         return None
+    return None if pinrules.pypi_problems(found) else found  # a damaged record: learn again
 
 
 def _learn_wheel(
@@ -330,7 +343,8 @@ def _one_wheel(directory: Path, name: str, version: str) -> Path:
 
 def _pin_key(pin: UpstreamPin) -> str:
     """Directory name for a pin: readable name-version plus a digest of every field, so
-    editing any part of the pin (sha, ref, prefix) never reuses a stale build."""
+    editing any part of the pin (sha, ref, prefix) never reuses a stale build. The name
+    is only a name: `_cached` compares the whole recorded pin, not this digest."""
     blob = json.dumps(dataclasses.asdict(pin), sort_keys=True).encode()
     return f"{_safe(pin.name)}-{_safe(pin.version)}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
@@ -345,13 +359,15 @@ def _base_ref(pin: UpstreamPin) -> str:
     return f"patchset/base/{_safe(pin.name)}-{_safe(pin.version)}"
 
 
-def _cached(repo: Path, key: str) -> BaseTree | None:
-    """The BaseTree recorded in a complete cache repo, or None if absent or broken."""
+def _cached(repo: Path, key: str, pin: UpstreamPin) -> BaseTree | None:
+    """The BaseTree recorded in a complete cache repo, or None if absent, broken or built
+    for another pin (the whole pin is compared, every field, not a digest of it)."""
     try:
         meta = json.loads((repo / ".git" / META_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("version") != _META_VERSION or meta.get("key") != key:
+    if not isinstance(meta, dict) or meta.get("version") != _META_VERSION \
+            or meta.get("key") != key or meta.get("pin") != dataclasses.asdict(pin):
         return None
     try:
         commit = _git(["rev-parse", "--verify", "-q", f"refs/heads/{meta['ref']}^{{commit}}"], repo)
@@ -432,7 +448,7 @@ def _populate(
         raise UpstreamError(
             f"{reason}; the pin has no pypi fallback: fix the network or add upstream.pypi"
         )
-    wheel = _wheel(pin.pypi, cache, progress, offline)
+    wheel = _wheel(pin, cache, progress, offline)
     return _from_wheel(pin, pin.pypi, wheel, work, progress) | {"fallback_reason": reason}
 
 
@@ -458,7 +474,8 @@ def _network_env() -> dict[str, str]:
     """Environment for remote access: the user's config (proxy, insteadOf, credentials)
     stays, repo-locating variables go, and prompts are off so failures are immediate."""
     env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
-    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C")
+    # Only real transports: never a remote helper such as ext:: (runs a command) or fd::.
+    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C", GIT_ALLOW_PROTOCOL=_PROTOCOLS)
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o ConnectTimeout=10")
     return env
 
@@ -500,19 +517,22 @@ def _last_line(stderr: bytes) -> str:
 
 
 def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> dict[str, str]:
-    """Fetch the pinned ref shallowly into `work`; the commit is upstream's own."""
+    """Fetch the pinned ref shallowly into `work`; the commit is upstream's own.
+
+    The url and ref come from the manifest: pinrules allows neither to start with `-`,
+    and both sit after `--`, so git reads them as a repository and a refspec only."""
     is_sha = re.fullmatch(r"[0-9a-fA-F]{40}", gp.ref) is not None
     with progress.task(f"git: reaching {gp.url}", None):
         probe = (
-            ["ls-remote", gp.url, "HEAD"]
+            ["ls-remote", "--", gp.url, "HEAD"]
             if is_sha
-            else ["ls-remote", "--exit-code", gp.url, gp.ref]
+            else ["ls-remote", "--exit-code", "--", gp.url, gp.ref]
         )
         _git(probe, work, network=True, timeout=GIT_PROBE_TIMEOUT_S)
     _git(["init", "-q", "."], work)
     with progress.task(f"git: fetching {gp.ref} from {gp.url}", None):
         _git(
-            ["fetch", "-q", "--depth", "1", "--no-tags", gp.url, gp.ref],
+            ["fetch", "-q", "--depth", "1", "--no-tags", "--", gp.url, gp.ref],
             work,
             network=True,
             timeout=GIT_FETCH_TIMEOUT_S,
@@ -544,29 +564,43 @@ def _checkout(work: Path, ref: str, commit: str) -> None:
 # ---------------------------------------------------------------- wheel
 
 
-def _wheel(pp: PypiPin, cache: Path, progress: Progress, offline: bool) -> Path:
+def verify_cached_wheel(pin: UpstreamPin, cache: Path | None = None) -> None:
+    """Read-only: refuse a pin whose sha256 disagrees with the wheel the cache holds under
+    its file name (PinError, exit 2, naming both hashes); the file is kept, since the pin
+    is what is in doubt. Nothing is locked or written, so a wrong pin changes nothing."""
+    if pin.pypi is None:
+        return
+    path = (Path(cache) if cache is not None else cache_root()) / "wheels" / pin.pypi.file
+    if path.is_file():
+        _verify(path, pin, NullProgress(), cached=True)
+
+
+def _wheel(pin: UpstreamPin, cache: Path, progress: Progress, offline: bool) -> Path:
     """The verified wheel in cache/wheels, downloading it unless offline."""
+    pp = pin.pypi
     with _locked(cache / "locks" / f"wheel-{_safe(pp.file)}.lock", progress):
-        return _wheel_locked(pp, cache, progress, offline)
+        return _wheel_locked(pin, cache, progress, offline)
 
 
-def _wheel_locked(pp: PypiPin, cache: Path, progress: Progress, offline: bool) -> Path:
+def _wheel_locked(pin: UpstreamPin, cache: Path, progress: Progress, offline: bool) -> Path:
     """_wheel's body, run while holding the wheel's lock."""
+    pp = pin.pypi
     path = cache / "wheels" / pp.file
     if path.exists():
-        _verify(path, pp.sha256, progress)
+        _verify(path, pin, progress, cached=True)
     elif offline:
         raise UpstreamError(
             f"offline and {pp.file} is not in {path.parent}; run once with network"
             " access or copy the wheel there"
         )
     else:
-        _download(pp, path, progress)
+        _download(pin, path, progress)
     return path
 
 
-def _download(pp: PypiPin, final: Path, progress: Progress) -> None:
+def _download(pin: UpstreamPin, final: Path, progress: Progress) -> None:
     """pip download the pinned file into a temp dir, verify it, rename it into the cache."""
+    pp = pin.pypi
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp_root = final.parent.parent / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
@@ -580,7 +614,7 @@ def _download(pp: PypiPin, final: Path, progress: Progress) -> None:
                 f"pip downloaded {names}, not the pinned {pp.file}; check"
                 " upstream.pypi python_version/platform in patches.yaml"
             )
-        _verify(got, pp.sha256, progress)
+        _verify(got, pin, progress, cached=False)
         os.replace(got, final)
 
 
@@ -604,9 +638,17 @@ def _run_pip(
     pp: PypiPin, dest: Path, fix: str, timeout_error: type[Exception]
 ) -> subprocess.CompletedProcess:
     """`pip download` of pp.requirement for the pin's python/platform into `dest`; a pip
-    that cannot run or hangs is one line (`timeout_error` for the hang)."""
-    cmd = [*PIP, *_PIP_FLAGS, "--python-version", pp.python_version, "--platform", pp.platform]
-    cmd += ["-d", str(dest), pp.requirement]
+    that cannot run or hangs is one line (`timeout_error` for the hang).
+
+    No value can be read as an option: the requirement is a plain NAME==VERSION
+    (pinrules) after `--` (pip's optparse ends options there), the python version and
+    platform are glued to their flags (`--platform=...`), and `dest` is absolute."""
+    problem = pinrules.requirement_problem(pp.requirement)
+    if problem:
+        raise UsageError(f"upstream.pypi.requirement: {problem}")
+    cmd = [*PIP, *_PIP_FLAGS, f"--python-version={pp.python_version}",
+           f"--platform={pp.platform}"]
+    cmd += ["-d", str(Path(dest).absolute()), "--", pp.requirement]
     try:
         return subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PIP_TIMEOUT_S, check=False
@@ -620,15 +662,23 @@ def _run_pip(
         ) from e
 
 
-def _verify(path: Path, expected: str, progress: Progress) -> None:
-    """Check a wheel's sha256 against the pin; a mismatching file is deleted."""
+def _verify(path: Path, pin: UpstreamPin, progress: Progress, cached: bool) -> None:
+    """Check a wheel's sha256 against the pin (PinError, exit 2, both hashes). A cached
+    file is never deleted for it: the pin is as likely wrong as the file (a shared
+    manifest with a bad sha256 must not destroy the good wheel). A fresh download that
+    disagrees stays in its temporary directory, which goes away."""
+    expected = pin.pypi.sha256
     actual = _sha256(path, progress)
-    if actual != expected.lower():
-        path.unlink(missing_ok=True)
-        raise UpstreamError(
-            f"sha256 mismatch for {path}: expected {expected}, got {actual};"
-            " deleted it - check upstream.pypi.sha256 and the index it came from"
-        )
+    if actual == expected.lower():
+        return
+    if cached:
+        raise pinrules.pin_error(pin, ("pypi", "sha256"), (
+            f"sha256 mismatch for {path}: the pin says {expected}, the cached file is"
+            f" {actual}; kept it and changed nothing - correct upstream.pypi.sha256 (or"
+            " delete the file if it is damaged)"))
+    raise pinrules.pin_error(pin, ("pypi", "sha256"), (
+        f"sha256 mismatch for {path.name}: expected {expected}, got {actual} from the"
+        " package index; not stored - check upstream.pypi.sha256 and the index it came from"))
 
 
 def _sha256(path: Path, progress: Progress) -> str:

@@ -175,9 +175,11 @@ def test_offline_without_cache_says_so(pinned_pin: UpstreamPin, tmp_path: Path) 
     assert not (tmp_path / "repos").exists() or not any((tmp_path / "repos").iterdir())
 
 
-def test_sha256_mismatch_is_reported_and_the_file_deleted(
+def test_sha256_mismatch_is_reported_and_the_cached_file_kept(
     pinned_pin: UpstreamPin, pinned_wheel: Path, tmp_path: Path
 ) -> None:
+    """A pin that disagrees with the cached wheel is refused (exit 2, both hashes); the
+    good file is kept (it used to be deleted) and nothing is added to the cache."""
     bad = "0" * 64
     pin = dataclasses.replace(
         wheel_only(pinned_pin), pypi=dataclasses.replace(pinned_pin.pypi, sha256=bad)
@@ -186,12 +188,13 @@ def test_sha256_mismatch_is_reported_and_the_file_deleted(
     with pytest.raises(UpstreamError) as err:
         provision(pin, cache=cache, offline=True)
     message = str(err.value)
-    assert "\n" not in message
+    assert "\n" not in message and err.value.exit_code == 2
     assert (
-        f"expected {bad}, got {pinned_pin.pypi.sha256}" in message and pinned_wheel.name in message
+        f"the pin says {bad}, the cached file is {pinned_pin.pypi.sha256}" in message
+        and pinned_wheel.name in message
     )
-    assert not (cache / "wheels" / pinned_wheel.name).exists()
-    assert pinned_wheel.exists()
+    assert (cache / "wheels" / pinned_wheel.name).read_bytes() == pinned_wheel.read_bytes()
+    assert sorted(p.name for p in cache.iterdir()) == ["wheels"]
 
 
 def fake_pip(tmp_path: Path, body: str) -> tuple[str, ...]:

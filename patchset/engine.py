@@ -204,13 +204,21 @@ class Target:
         return git(self.root, "rev-parse", "HEAD").strip() if self.is_git else None
 
     @contextlib.contextmanager
-    def lock(self, wait: float, op: str) -> Iterator[None]:
+    def lock(self, wait: float, op: str, read_only: bool = False) -> Iterator[None]:
+        """The target's flock. A read-only run (a dry run) writes nothing: on a tree that is
+        not managed yet it takes no lock (there is no state to protect), on a managed one
+        it holds the flock without recording itself in lock.json."""
+        if read_only and not (self.meta / "lock").exists():
+            yield
+            return
         self.meta.mkdir(exist_ok=True)
         handle = open(self.meta / "lock", "a+")
         try:
             self._acquire(handle, wait)
-            write_json(self.meta / "lock.json", {"pid": os.getpid(), "host": socket.gethostname(),
-                                                 "op": op, "since": _now()})
+            if not read_only:
+                write_json(self.meta / "lock.json", {"pid": os.getpid(),
+                                                     "host": socket.gethostname(),
+                                                     "op": op, "since": _now()})
             yield
         finally:
             handle.close()
@@ -1020,7 +1028,8 @@ def run(request: dict, bundle: str | Path = ".") -> dict:
                "bisect-mark": op_bisect_mark}
         if request["op"] not in ops:
             raise EngineError(f"unknown op {request['op']!r}", "usage")
-        with target.lock(float(request.get("lock_wait", 0)), request["op"]):
+        with target.lock(float(request.get("lock_wait", 0)), request["op"],
+                         read_only=bool(request.get("dry_run"))):
             if request["op"] in ("apply", "revert") and not request.get("dry_run"):
                 refuse_during_bisect(target, request)
             recovered = recover(target)

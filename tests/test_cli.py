@@ -105,7 +105,9 @@ def test_apply_dry_run_changes_nothing(in_series: Path, tmp_path: Path, pinned_b
     code, _, err = run(capsys, "apply", "--dry-run", "--target", str(tree), "localhost")
     assert code == 0 and "would change" in err
     assert (tree / "sglang/srt/entrypoints/openai/serving_chat.py").read_bytes() == before
-    assert not (tree / ".patchset" / "state.json").exists()
+    assert not (tree / ".patchset").exists()       # a dry run writes nothing, not even a lock
+    code, _, err = run(capsys, "plan", "--target", str(tree), "localhost")
+    assert code == 0 and not (tree / ".patchset").exists()
 
 
 def test_bad_input_exit_2_and_unknown_host(in_series: Path, capsys) -> None:

@@ -219,8 +219,8 @@ def test_ssh_config_alias_and_proxyjump_are_honoured(fleet: list[TestHost], remo
     # The jump host's key is checked too: forget it and the hop is refused.
     monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(tmp_path / "only_dest"))
     (tmp_path / "only_dest").write_text(dest.known_hosts_line() + "\n")
-    code, out, _ = cli(capsys, "status", "--target", TREE, "gpu-behind")
-    assert code == 3 and "unknown host key" in out
+    code, out, err = cli(capsys, "status", "--target", TREE, "gpu-behind")
+    assert code == 3 and "unknown host key" in err and out == ""   # host errors: stderr
 
 
 def test_existing_plain_tree_on_host_is_accepted_when_it_is_the_pin(one_host: TestHost,

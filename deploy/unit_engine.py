@@ -42,36 +42,20 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-def _engine():
-    """The engine shipped next to this file in the bundle, else the package's (tests)."""
-    shipped = Path(__file__).resolve().parent / "engine.py"
+def _shipped(file: str, package: str, module: str):
+    """A module shipped next to this file in the bundle, else the package's (tests)."""
+    shipped = Path(__file__).resolve().parent / file
     if not shipped.is_file():
-        from patchset import engine as packaged
-        return packaged
-    spec = importlib.util.spec_from_file_location("patchset_shipped_engine", shipped)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+        return importlib.import_module(f"{package}.{module}")
+    spec = importlib.util.spec_from_file_location(f"patchset_shipped_{module}", shipped)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
-engine = _engine()
-
-
-def _redact():
-    """auditor/redact.py shipped next to this file in the bundle, else the package's."""
-    shipped = Path(__file__).resolve().parent / "redact.py"
-    if not shipped.is_file():
-        from auditor import redact as packaged
-        return packaged
-    spec = importlib.util.spec_from_file_location("patchset_shipped_redact", shipped)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-redact = _redact()
+engine = _shipped("engine.py", "patchset", "engine")
+redact = _shipped("redact.py", "auditor", "redact")
 SECRET_MODE = 0o600
 
 EngineError = engine.EngineError

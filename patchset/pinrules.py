@@ -27,9 +27,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from . import validate
 from .errors import EXIT_BAD_INPUT, ManifestError, UpstreamError
 
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL = validate.CONTROL
 MAX_URL = 2048
 MAX_REF = 255
 
@@ -58,8 +59,6 @@ PEP440_VERSION = (r"(?:[0-9]{1,9}!)?[0-9]{1,9}(?:\.[0-9]{1,9}){0,9}"
                   r"(?:(?:a|b|rc)[0-9]{1,9})?(?:\.post[0-9]{1,9})?(?:\.dev[0-9]{1,9})?"
                   r"(?:\+[A-Za-z0-9]{1,32}(?:\.[A-Za-z0-9]{1,32}){0,9})?")
 _REQUIREMENT = re.compile(rf"{PEP508_NAME}=={PEP440_VERSION}")
-_WHEEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]{0,199}\.whl")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 GIT_URL_FORMS = ("https://, http://, ssh://, git:// or file:// URL, [user@]host:path or an "
                  "absolute path")
@@ -134,7 +133,7 @@ def wheel_file_problem(file: Any) -> str | None:
     problem = _common(file, 204)
     if problem:
         return problem
-    if not _WHEEL_FILE.fullmatch(file):
+    if not validate.WHEEL_FILE.ok(file) or file.startswith("."):
         return f"{_shown(file)} is not a bare wheel file name (NAME-VERSION-...-PLATFORM.whl)"
     return None
 
@@ -143,7 +142,7 @@ def pypi_problems(pypi: Any) -> list[tuple[str, str]]:
     """(field, problem) for every part of a PypiPin that fails the rules."""
     checks = (("requirement", requirement_problem(getattr(pypi, "requirement", None))),
               ("file", wheel_file_problem(getattr(pypi, "file", None))),
-              ("sha256", None if _SHA256.fullmatch(str(getattr(pypi, "sha256", "")))
+              ("sha256", None if validate.SHA256.ok(str(getattr(pypi, "sha256", "")))
                else f"{_shown(str(getattr(pypi, 'sha256', '')))} is not a 64-hex sha256"))
     return [(name, problem) for name, problem in checks if problem]
 

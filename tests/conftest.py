@@ -159,6 +159,20 @@ def seed() -> dict:
     return copy.deepcopy(synth.load("seed.yaml"))
 
 
+@pytest.fixture(scope="module")
+def hostile_root(tmp_path_factory: pytest.TempPathFactory, request) -> Path:
+    """One world per hostile-input module (tests/hostile.py), shared by its cases."""
+    return tmp_path_factory.mktemp("hostile-" + request.module.__name__.rpartition(".")[2])
+
+
+@pytest.fixture()
+def world(series_template: Path, hostile_root: Path, capsys, monkeypatch):
+    """A series, an applied default tree, the cache and the home for a bad-input case:
+    `world.refuse(argv, message)` asserts the whole contract (tests/hostile.py)."""
+    from hostile import make_world
+    return make_world(series_template, hostile_root, capsys, monkeypatch)
+
+
 @pytest.fixture()
 def remote_env(series_dir: Path, patchset_home: Path, monkeypatch, tmp_path: Path,
                known_hosts_file):

@@ -15,21 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hostile import World, make_world, snapshot
+from hostile import World, snapshot
 from patchset import inputfile, yamlsrc
 from patchset.errors import ManifestError
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def world_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("hostile-inputs")
-
-
-@pytest.fixture()
-def world(series_template: Path, world_root: Path, capsys, monkeypatch) -> World:
-    return make_world(series_template, world_root, capsys, monkeypatch)
 
 
 def bomb(levels: int = 9, width: int = 9) -> str:

@@ -14,21 +14,11 @@ from typing import Callable
 
 import pytest
 
-from hostile import World, make_world
+from hostile import World
 from patchset import inputfile
 
 HUNK = "@@ -1,4 +1,5 @@"
 ADDED = "+# patch chat-a\n"
-
-
-@pytest.fixture(scope="module")
-def world_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("hostile-patches")
-
-
-@pytest.fixture()
-def world(series_template: Path, world_root: Path, capsys, monkeypatch) -> World:
-    return make_world(series_template, world_root, capsys, monkeypatch)
 
 
 def edit(old: str, new: str) -> Callable[[str], str]:

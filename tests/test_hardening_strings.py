@@ -17,18 +17,8 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from hostile import World, make_world
+from hostile import World
 from patchset import validate
-
-
-@pytest.fixture(scope="module")
-def world_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("hostile-strings")
-
-
-@pytest.fixture()
-def world(series_template: Path, world_root: Path, capsys, monkeypatch) -> World:
-    return make_world(series_template, world_root, capsys, monkeypatch)
 
 
 def mutate(world: World, change: Callable[[dict], Any]) -> bytes:

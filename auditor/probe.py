@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -174,10 +175,29 @@ def parse_sizes(text: str | None, option: str = "--sizes") -> tuple[int, ...]:
     sizes = []
     for item in text.replace(" ", "").split(","):
         number = item[:-1] if item.lower().endswith("k") else item
-        if not number.isdigit() or int(number) <= 0:
+        if not number.isascii() or not number.isdigit() or int(number) <= 0 or len(number) > 9:
             raise UsageError(f"{option} {text!r}: {item!r} is not a size like 8k or 8192")
-        sizes.append(int(number) * (1024 if number != item else 1))
+        size = int(number) * (1024 if number != item else 1)
+        if size > MAX_SIZE:
+            raise UsageError(f"{option} {text!r}: {item!r} is more than {MAX_SIZE // 1024}k "
+                             "tokens (no served context window is larger)")
+        sizes.append(size)
     return tuple(sizes)
+
+
+MAX_SIZE = 2048 * 1024
+_URL = re.compile(r"(https?)://([A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])"
+                  r"(?::([0-9]{1,5}))?(/[A-Za-z0-9._~/-]{0,200})?")
+
+
+def parse_url(text: str, option: str = "--url") -> str:
+    """An endpoint the probes may POST to: http(s)://HOST[:PORT][/PATH], nothing else
+    (urllib would also open file:// and ftp:// URLs), without the trailing slash."""
+    from patchset.errors import UsageError
+    match = _URL.fullmatch(text)
+    if not match or (match.group(3) and not 0 < int(match.group(3)) < 65536):
+        raise UsageError(f"{option} {text!r}: expected http(s)://HOST[:PORT][/PATH]")
+    return text.rstrip("/")
 
 
 def parse_kinds(kind: str | None, option: str = "--kind") -> tuple[str, ...]:

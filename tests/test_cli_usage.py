@@ -71,3 +71,30 @@ def test_help_works_with_the_installed_typer(tmp_path: Path) -> None:
     import typer
     assert _usage_error(typer.BadParameter("x")) is not None
     assert _usage_error(ValueError("x")) is None
+
+
+NUMBERS_AND_URLS = [
+    (("apply", "--lock-wait", "nan", "localhost"), "nan is not a number of seconds"),
+    (("apply", "--lock-wait", "inf", "localhost"), "inf is not a number of seconds"),
+    (("apply", "--lock-wait", "-1", "localhost"), "-1.0 is not a number of seconds"),
+    (("apply", "--lock-wait", "1e400", "localhost"), "inf is not a number of seconds"),
+    (("probe", "--url", "http://127.0.0.1:1", "--timeout", "nan"), "'--timeout'"),
+    (("deploy", "localhost", "--health-timeout", "-5"), "'--health-timeout'"),
+    (("probe", "--url", "file:///etc/passwd"), "expected http(s)://HOST[:PORT][/PATH]"),
+    (("probe", "--url", "ftp://example.org/"), "expected http(s)://HOST[:PORT][/PATH]"),
+    (("probe", "--url", "http://x:99999"), "expected http(s)://HOST[:PORT][/PATH]"),
+    (("probe", "--url", "http://-oProxyCommand=x"), "expected http(s)://HOST[:PORT][/PATH]"),
+    (("probe", "--url", "http://a b/"), "expected http(s)://HOST[:PORT][/PATH]"),
+    (("probe", "--url", "http://127.0.0.1:1", "--sizes", "999999999k"), "more than 2048k"),
+    (("probe", "--url", "http://127.0.0.1:1", "--sizes", "٣k"), "is not a size"),
+]
+
+
+@pytest.mark.parametrize("argv,message", NUMBERS_AND_URLS, ids=[" ".join(a) for a, _ in
+                                                                NUMBERS_AND_URLS])
+def test_numbers_and_urls_are_bounded(tmp_path: Path, argv: tuple, message: str) -> None:
+    proc = cli(tmp_path, *argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("patchset: error: "), proc.stderr
+    assert message in lines[0] and proc.stdout == ""

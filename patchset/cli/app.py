@@ -35,11 +35,26 @@ ExcludeOpt = typer.Option(None, "--exclude", help="leave these patches out (A,B 
 JsonOpt = typer.Option(False, "--json", help="machine-readable output on stdout")
 TargetOpt = typer.Option(None, "--target", help="tree to manage on localhost "
                          "[default: the provisioned tree under $PATCHSET_HOME]")
-LockWaitOpt = typer.Option(0.0, "--lock-wait", help="seconds to wait for another patchset "
-                           "run on the same target")
-HealthTimeoutOpt = typer.Option(None, "--health-timeout", help="seconds to wait for each "
-                                "unit's /health [the role's health_timeout, else its "
-                                "TimeoutStartSec]")
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def seconds(value: Optional[float]) -> Optional[float]:
+    """Every duration option: a finite number of seconds in 0..one week (typer's float
+    parser takes `nan`, `inf` and `-1`, which would wait forever or never)."""
+    if value is not None and not 0 <= value <= MAX_SECONDS:     # False for nan too
+        raise typer.BadParameter(f"{value!r} is not a number of seconds (0 to {MAX_SECONDS})")
+    return value
+
+
+def SecondsOpt(default: Optional[float], *flags: str, help: str):  # noqa: N802 - an Option
+    return typer.Option(default, *flags, help=help, callback=seconds)
+
+
+LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another patchset "
+                         "run on the same target")
+HealthTimeoutOpt = SecondsOpt(None, "--health-timeout", help="seconds to wait for each "
+                              "unit's /health [the role's health_timeout, else its "
+                              "TimeoutStartSec]")
 
 InventoryOpt = typer.Option(None, "--inventory", help="hosts.yaml [default: ./hosts.yaml or "
                             "$PATCHSET_INVENTORY]")

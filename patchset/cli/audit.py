@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from .app import (AcceptNewOpt, InventoryOpt, SeriesOpt, TargetOpt, app, load, resolver_for,
-                  say)
+from .app import (AcceptNewOpt, InventoryOpt, SecondsOpt, SeriesOpt, TargetOpt, app, load,
+                  resolver_for, say)
 
 
 
@@ -32,7 +32,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
                                                     "endpoint's API key from this "
                                                     "environment variable"),
-          probe_timeout: float = typer.Option(600.0, "--probe-timeout", help="seconds per "
+          probe_timeout: float = SecondsOpt(600.0, "--probe-timeout", help="seconds per "
                                               "probe request"),
           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
           accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:

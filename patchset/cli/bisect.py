@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional
 import typer
 
 from ..errors import EXIT_FINDINGS
-from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, SeriesOpt, TargetOpt,
+from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, SecondsOpt, SeriesOpt,
+                  TargetOpt,
                   app, emit_json, esc, load, resolver_for, say, term)
 
 
@@ -25,7 +26,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                              "[default: the host's router, else decode port]"),
            api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
                                                      "API key from this environment variable"),
-           probe_timeout: float = typer.Option(600.0, "--probe-timeout", help="seconds per "
+           probe_timeout: float = SecondsOpt(600.0, "--probe-timeout", help="seconds per "
                                                "probe request"),
            restore: bool = typer.Option(False, "--restore", help="only finish the restore of "
                                         "an unfinished bisect on HOST (even one started "
@@ -40,16 +41,18 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     """Find the smallest change of the series that makes a failing probe pass. Exit 0 found
     (or nothing to find), 1 no change flips it, 4 stopped or not restored, 130 Ctrl-C."""
     from auditor import bisector
-    from auditor.probe import endpoint, parse_kinds, parse_sizes
+    from auditor.probe import endpoint, parse_kinds, parse_sizes, parse_url
     s = load(series)
     kinds = parse_kinds(probe, "--probe")
+    sizes_checked, url_checked = parse_sizes(sizes), parse_url(url) if url else None
     with resolver_for(s, inventory, target, accept_new) as resolver:
         t = _target(s, resolver, host, health_timeout)
         if restore:
             _restore_only(s, t)
             return
-        plan = bisector.ProbePlan(kinds=kinds, sizes=parse_sizes(sizes),
-                                  url=(url or endpoint(host, resolver.inventory.path)).rstrip("/"),
+        plan = bisector.ProbePlan(kinds=kinds, sizes=sizes_checked,
+                                  url=url_checked or endpoint(host, resolver.inventory.path
+                                                              ).rstrip("/"),
                                   api_key_env=api_key_env, timeout=probe_timeout)
         from .serving import DeployView
         with DeployView(t.host.name) as view:      # restarts and /health waits, live

@@ -12,6 +12,7 @@ import typer
 from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE, UsageError
 from .app import (
     AcceptNewOpt,
+    SecondsOpt,
     InventoryOpt,
     JsonOpt,
     LockWaitOpt,
@@ -39,14 +40,14 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
                                               "tokens [8k,16k,32k]"),
           api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
                                                     "API key from this environment variable"),
-          timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
+          timeout: float = SecondsOpt(600.0, "--timeout", help="seconds per request"),
           inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Context-fidelity probes: multi-turn recall with tools, long-context needle per size.
     Exit 0 all pass, 1 a probe failed, 3 the endpoint could not be reached."""
-    from auditor.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes
+    from auditor.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
     if bool(host) == bool(url):
         raise UsageError("probe: give exactly one of HOST or --url")
-    spec = FidelitySpec(url=url, host=host, inventory=str(inventory) if inventory else None,
+    spec = FidelitySpec(url=parse_url(url) if url else None, host=host, inventory=str(inventory) if inventory else None,
                         kinds=parse_kinds(kind), sizes=parse_sizes(sizes),
                         api_key_env=api_key_env, timeout=timeout)
     report = fidelity(spec)

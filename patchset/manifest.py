@@ -221,8 +221,12 @@ def _gate(doc: Located, where: tuple, value: Any) -> Gate | None:
     if not isinstance(on, str):
         raise doc.error(where + ("on",), f"must be a quoted string (e.g. \"1\"), got "
                         f"{_shown(on)}")
-    return Gate(env=_string(doc, where + ("env",), g["env"], ENV_NAME),
-                on=_string(doc, where + ("on",), on, validate.GATE_VALUE))
+    env = _string(doc, where + ("env",), g["env"], ENV_NAME)
+    if validate.reserved_env(env):
+        raise doc.error(where + ("env",), f"{env} is not a gate: it changes how the process "
+                        "loads code or is set by deploy (gates are the patch's own switch, "
+                        "e.g. MMA_FLASHMLA)")
+    return Gate(env=env, on=_string(doc, where + ("on",), on, validate.GATE_VALUE))
 
 
 def _names(doc: Located, where: tuple, value: Any) -> tuple[str, ...]:

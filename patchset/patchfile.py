@@ -193,6 +193,23 @@ def _check_file_header(line: str, number: int, file: str) -> None:
         if not match or len(match.group(1)) != 40 or len(match.group(2)) != 40:
             raise ManifestError(file, number, "diff.index",
                                 "blob ids must be full 40-hex (use `git diff --full-index`)")
+        _check_mode(match.group(3), number, file)
+    for prefix in ("new file mode ", "deleted file mode ", "old mode ", "new mode "):
+        if line.startswith(prefix):
+            _check_mode(line[len(prefix):], number, file)
+    if line.startswith("diff --git "):
+        words = line.split(" ")[2:]
+        if len(words) == 2 and words[0][2:] != words[1][2:]:
+            raise ManifestError(file, number, "diff.path", f"{_quote(line)}: the a/ and b/ "
+                                "paths must name the same file (renames are not supported)")
+
+
+def _check_mode(mode: str | None, number: int, file: str) -> None:
+    """Only regular files: a 120000 (symlink) or 160000 (submodule) entry would make
+    `git apply` plant a link anywhere in the served tree."""
+    if mode is not None and mode not in ("100644", "100755"):
+        raise ManifestError(file, number, "diff.mode", f"file mode {mode!r} is not "
+                            "supported (only regular files: 100644, 100755)")
 
 
 def _quote(line: str) -> str:

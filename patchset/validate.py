@@ -61,6 +61,19 @@ HTTP_URL = Rule(r"https?://(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,
                 r"(?::[0-9]{1,5})?/?", "an http(s)://host:port URL")
 
 
+# Variables a patch gate may never be: the loader's and interpreters' code-loading hooks,
+# the shell's, and the ones deploy sets itself (deploy/units.py MANAGED_ENV).
+RESERVED_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "GCONV_", "MALLOC_")
+RESERVED_ENV = frozenset({
+    "PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "PERL5LIB", "PERL5OPT", "RUBYOPT",
+    "NODE_OPTIONS", "LOCPATH", "NLSPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER", "PATCHSET_PATCHES", "PATCHSET_TREE", "SPT_NOENV"})
+
+
+def reserved_env(name: str) -> bool:
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
+
 def control_char(value: str, allow_tab: bool = False) -> str | None:
     """The first control character in `value`, or None."""
     found = (_CONTROL_NO_TAB if allow_tab else CONTROL).search(value)

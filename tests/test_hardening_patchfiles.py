@@ -65,6 +65,20 @@ CASES = [
     ("short-index", edit("index 48d43831eb4631102e6894d0e8e58e3b1525bd4c",
                          "index 48d43831eb46"), "diff.index", "full 40-hex"),
     ("index-trailing-junk", edit(" 100644\n", " 100644 x\n"), "diff.index", "full 40-hex"),
+    ("symlink-mode", edit("index 48d43831eb4631102e6894d0e8e58e3b1525bd4c..ee8c44ca695dedf0e8361"
+                          "0408d8cfd47e2fd3467 100644", "index 48d43831eb4631102e6894d0e8e58e3b1"
+                          "525bd4c..ee8c44ca695dedf0e83610408d8cfd47e2fd3467 120000"),
+     "diff.mode", "file mode '120000' is not supported"),
+    ("new-symlink", append("diff --git a/python/sglang/evil b/python/sglang/evil\nnew file "
+                           "mode 120000\nindex " + "0" * 40 + ".." + "a" * 40 + "\n"),
+     "diff.mode", "file mode '120000'"),
+    ("submodule-mode", append("diff --git a/python/sglang/sub b/python/sglang/sub\nnew mode "
+                              "160000\n"), "diff.mode", "file mode '160000'"),
+    ("rename-without-lines", edit("diff --git a/python/sglang/srt/entrypoints/openai/serving_"
+                                  "chat.py b/python/sglang/srt/entrypoints/openai/serving_chat.py",
+                                  "diff --git a/python/sglang/srt/entrypoints/openai/serving_"
+                                  "chat.py b/python/sglang/srt/other.py"),
+     "diff.path", "must name the same file"),
     ("path-escape", edit("b/python/sglang/srt/entrypoints/openai/serving_chat.py\n",
                          "b/../../etc/passwd\n"), "diff.path", "points outside the tree"),
 ]

@@ -98,3 +98,27 @@ def test_numbers_and_urls_are_bounded(tmp_path: Path, argv: tuple, message: str)
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("patchset: error: "), proc.stderr
     assert message in lines[0] and proc.stdout == ""
+
+
+def test_an_internal_error_is_one_redacted_line_and_a_private_log(tmp_path: Path,
+                                                                   monkeypatch, capsys) -> None:
+    """A bug prints one line (exit 70) and logs the trace 0600; a token in the exception's
+    message appears in neither."""
+    import patchset.cli.queue as queue
+    from patchset.cli import main
+    token = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+    home = tmp_path / "home"
+    monkeypatch.setenv("PATCHSET_HOME", str(home))
+
+    def boom(*_a, **_k):
+        raise RuntimeError(f"HF_TOKEN={token} leaked into a message")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(queue, "load", boom)
+    code = main(["list"])
+    _, err = capsys.readouterr()
+    assert code == 70
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("patchset: internal error: RuntimeError")
+    log = home / "debug.log"
+    assert token not in err and token not in log.read_text()
+    assert "RuntimeError" in log.read_text() and (log.stat().st_mode & 0o777) == 0o600

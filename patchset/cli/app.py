@@ -258,16 +258,20 @@ def _usage_error(exc: BaseException) -> str | None:
 
 
 def _unexpected(exc: BaseException) -> int:
+    """A bug: a short line here, the trace in a 0600 log; both redacted (an exception's
+    message or a local in the trace may hold an API key or a token)."""
+    from auditor.redact import redact_text
+
     from ..paths import data_home
     log = data_home() / "debug.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
-            handle.write(traceback.format_exc())
+            handle.write(redact_text(traceback.format_exc()))
     except OSError:
         pass
-    short = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    short = redact_text(traceback.format_exception_only(type(exc), exc)[-1].strip())
     print(f"patchset: internal error: {validate.printable(short)} (full trace in {log})",
           file=sys.stderr)
     return EXIT_INTERNAL

@@ -11,7 +11,7 @@ from typing import Any
 
 from patchset import __version__
 from patchset.api import on_hosts
-from patchset.errors import HostUnreachable
+from patchset.errors import Exit, HostUnreachable
 from patchset.model import Series
 
 from . import hostfacts, remote
@@ -24,7 +24,6 @@ from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
 SCHEMA_VERSION = "1.1"          # 1.1: hosts[].probes and probe[...] findings
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 
@@ -147,12 +146,11 @@ def audit(series: Series, transports: list[Any], symptom: str | None = None,
 
 
 def exit_code(report: Report) -> int:
-    """3 if a host was unreachable, else 1 if a check did not pass (fail, warn or unknown;
-    `info` findings are notes and never count), else 0."""
-    if any(not h.facts.reachable for h in report.hosts):
-        return EXIT_UNREACHABLE
-    if any(h.facts.error for h in report.hosts):
-        return EXIT_FINDINGS
-    if any(f.status != "pass" and f.severity != "info" for f in report.findings):
-        return EXIT_FINDINGS
-    return EXIT_CLEAN
+    """UNREACHABLE if a host was unreachable, else FINDINGS if a host's facts could not be
+    gathered or a check did not pass (fail, warn or unknown; `info` findings are notes and
+    never count), else OK."""
+    hosts = [Exit.UNREACHABLE if not h.facts.reachable else Exit.FINDINGS if h.facts.error
+             else Exit.OK for h in report.hosts]
+    checks = [Exit.FINDINGS for f in report.findings
+              if f.status != "pass" and f.severity != "info"]
+    return Exit.combine(hosts + checks)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from patchset import api, engine
-from patchset.errors import BisectPending, PatchsetError, TargetError, UsageError
+from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
 from patchset.model import Series
 from patchset.selection import Plan, Selection
 
@@ -110,8 +110,8 @@ class BisectReport:
     @property
     def exit_code(self) -> int:
         if self.restore_error or self.error:
-            return 4
-        return 130 if self.interrupted else 0
+            return Exit.FAILED
+        return Exit.INTERRUPTED if self.interrupted else Exit.OK
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from patchset import factnames, inputfile, yamlsrc
-from patchset.errors import EXIT_BAD_INPUT, PatchsetError
+from patchset.errors import Exit, PatchsetError
 from patchset.model import PATHS, REQUIRE_OPS, Requirement
 
 from .model import SEVERITIES, STATES
@@ -27,7 +27,7 @@ DATA = Path(__file__).resolve().parent / "data"
 class AuditDataError(PatchsetError):
     """An auditor data file (or one passed in) is invalid."""
 
-    exit_code = EXIT_BAD_INPUT
+    exit_code = Exit.BAD_INPUT
 
 
 @dataclass(frozen=True)

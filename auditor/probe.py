@@ -414,6 +414,7 @@ def _verdict(token: str, answer: str, reasoning: str, sent: int,
 
 
 def main(argv: list[str] | None = None) -> int:
+    from patchset.errors import Exit
     parser = argparse.ArgumentParser(prog="python3 -m auditor.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("probe", choices=("needle", "greedy", "throughput"))
@@ -432,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
             result = throughput(args.url, args.parallel, args.api_key)
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         print(json.dumps({"probe": args.probe, "ok": False, "error": str(exc)}))
-        return 3
+        return Exit.UNREACHABLE
     print(json.dumps(result))
-    return 0 if result["ok"] else 1
+    return Exit.OK if result["ok"] else Exit.FINDINGS
 
 
 if __name__ == "__main__":

@@ -35,9 +35,8 @@ from typing import Any, Callable
 
 from patchset import __version__, engine
 from patchset.errors import (
-    EXIT_BAD_INPUT,
     BisectPending,
-    EXIT_FAILED,
+    Exit,
     PatchsetError,
     TargetError,
     UsageError,
@@ -220,7 +219,7 @@ class DeployResult:
     recovered: list[dict] | None = None    # an interrupted deploy rolled back first
     error: str | None = None
     details: str = ""
-    exit_code: int = 0
+    exit_code: int = Exit.OK
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -304,7 +303,7 @@ def _deploy(host: Any, channel: Any, tree: str, roles: list[str] | None, dry_run
     if dry_run:
         return result
     if not facts.get("systemd"):
-        return _failed(result, f"{host.name}: systemd is not running there", EXIT_FAILED)
+        return _failed(result, f"{host.name}: systemd is not running there", Exit.FAILED)
     request = dict(base, op="deploy", state_sha256=t["state_sha256"], lock_wait=lock_wait,
                    bisect=bisect, redact=sorted(scrub.known),
                    roles={r: {**_names([r])[r], "unit_text": rendered[r].unit_text,
@@ -452,7 +451,7 @@ def _outcome(result: DeployResult, raw: dict) -> DeployResult:
             exc = BisectPending(f"{result.host}: {error.get('message')}")
             exc.record = json.loads(error.get("details") or "{}")
             raise exc
-        code = EXIT_BAD_INPUT if error.get("kind") == "usage" else EXIT_FAILED
+        code = Exit.BAD_INPUT if error.get("kind") == "usage" else Exit.FAILED
         return _failed(result, f"{result.host}: {error.get('message')}", code,
                        error.get("details") or "")
     for report in result.roles:
@@ -477,7 +476,7 @@ def _outcome(result: DeployResult, raw: dict) -> DeployResult:
     details = "\n".join([f"last journal lines of {failed['unit']}:"]
                         + [f"  {line}" for line in journal]) if journal else ""
     return _failed(result, f"{result.host}: {failed['reason']}; rolled back: previous unit "
-                   f"files restored, {back}", EXIT_FAILED, details)
+                   f"files restored, {back}", Exit.FAILED, details)
 
 
 def _facts(channel: Any, request: dict) -> dict:
@@ -593,7 +592,7 @@ def restart_after_apply(series, inventory, specs, transports, results, timeout, 
             out.append(None)
             continue
         if stopped:
-            out.append(DeployResult(host=applied.host, ok=False, exit_code=4,
+            out.append(DeployResult(host=applied.host, ok=False, exit_code=Exit.FAILED,
                                     error=f"{applied.host}: not restarted (stopped after "
                                           f"{stopped} failed)"))
             continue

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import __version__, engine
-from .errors import (BisectPending, HostUnreachable, LockedError, PatchsetError, TargetError,
-                     UsageError)
+from .errors import (BisectPending, Exit, HostUnreachable, LockedError, PatchsetError,
+                     TargetError, UsageError)
 from .model import Patch, Series
 from .selection import Plan, Selection, plan
 from .transport import Transport
@@ -85,7 +85,7 @@ class HostResult:
     bisect: dict | None = None     # the unfinished bisect that refused this change
     error: str | None = None
     details: str = ""
-    exit_code: int = 0
+    exit_code: int = Exit.OK
 
 
 BaseProvider = Callable[[], "tuple[str, Path]"]   # -> (base commit, bundle file)

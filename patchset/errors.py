@@ -6,25 +6,59 @@ names the file/line/field or host involved; the CLI prints it and exits with `ex
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNREACHABLE = 3
-EXIT_FAILED = 4
-EXIT_INTERNAL = 70        # a bug: a short trace here, the full one in the debug log
-EXIT_INTERRUPTED = 130    # Ctrl-C
+from enum import IntEnum
+from typing import Iterable
+
+
+class Exit(IntEnum):
+    """The exit codes of every command (README.md, "Exit codes"); plain ints in JSON.
+
+    code  name         meaning
+    0     OK           done / clean (audit: every check passed, `info` notes aside)
+    1     FINDINGS     findings: `status` saw drift, hand edits, foreign commits or an
+                       interrupted transaction; `check` failed; an audit check failed,
+                       warned or was `unknown`, or a host's facts could not be gathered;
+                       a probe failed; a bisect found no change that flips the probe
+    2     BAD_INPUT    bad input: manifest, patch file, selection, option, target path, a
+                       pin the cached wheel or the provisioned tree disagrees with
+                       (nothing was changed)
+    3     UNREACHABLE  a host (the probed endpoint, the package index) was unreachable
+    4     FAILED       the target refused or failed the operation (dirty, not the pin,
+                       locked, patch does not apply, engine killed; a bisect stopped or
+                       not restored): nothing was changed, or the next command finishes it
+    70    INTERNAL     a bug: a one-line summary, the trace in $PATCHSET_HOME/debug.log
+    130   INTERRUPTED  Ctrl-C (a bisect restores the host first)
+
+    Several results (hosts, restarts, checks) give one code: `Exit.combine(codes)`.
+    """
+
+    OK = 0
+    FINDINGS = 1
+    BAD_INPUT = 2
+    UNREACHABLE = 3
+    FAILED = 4
+    INTERNAL = 70
+    INTERRUPTED = 130
+
+    @classmethod
+    def combine(cls, codes: Iterable[int]) -> int:
+        """The one code of several: UNREACHABLE if any is, else the worst (largest); OK for
+        none. A code of the table comes back as its member; any other int unchanged."""
+        codes = set(codes)
+        worst = cls.UNREACHABLE if cls.UNREACHABLE in codes else max(codes, default=cls.OK)
+        return cls._value2member_map_.get(worst, worst)
 
 
 class PatchsetError(Exception):
     """Root of every error the tool expects and reports in one line."""
 
-    exit_code = EXIT_FAILED
+    exit_code = Exit.FAILED
 
 
 class ManifestError(PatchsetError):
     """patches.yaml or a patch file is invalid; names file:line: field."""
 
-    exit_code = EXIT_BAD_INPUT
+    exit_code = Exit.BAD_INPUT
 
     def __init__(self, file: str, line: int | None, field: str, message: str) -> None:
         self.file, self.line, self.field, self.message = file, line, field, message
@@ -35,7 +69,7 @@ class ManifestError(PatchsetError):
 class UsageError(PatchsetError):
     """Bad command-line input (unknown patch name, bad selection, bad host spec)."""
 
-    exit_code = EXIT_BAD_INPUT
+    exit_code = Exit.BAD_INPUT
 
 
 class SelectionError(UsageError):
@@ -64,4 +98,4 @@ class BisectPending(TargetError):
 class HostUnreachable(PatchsetError):
     """A host could not be reached."""
 
-    exit_code = EXIT_UNREACHABLE
+    exit_code = Exit.UNREACHABLE

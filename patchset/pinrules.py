@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from . import validate
-from .errors import EXIT_BAD_INPUT, ManifestError, UpstreamError
+from .errors import Exit, ManifestError, UpstreamError
 
 CONTROL = validate.CONTROL
 MAX_URL = 2048
@@ -182,7 +182,7 @@ class PinError(UpstreamError):
     """A pin that disagrees with what it names (the cached wheel, the tree provisioned
     from it): bad input, exit 2, and nothing was changed."""
 
-    exit_code = EXIT_BAD_INPUT
+    exit_code = Exit.BAD_INPUT
 
 
 def pin_error(pin, field: tuple[str, ...], message: str) -> PinError:

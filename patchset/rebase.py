@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from . import api, interop
-from .errors import EXIT_FINDINGS, PatchsetError, UsageError
+from .errors import Exit, PatchsetError, UsageError
 from .manifest import load_series
 from .model import Patch, Series, UpstreamPin
 from .progress import NullProgress, Progress
@@ -90,7 +90,7 @@ class RebaseResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.ok else EXIT_FINDINGS
+        return Exit.OK if self.ok else Exit.FINDINGS
 
 
 @dataclass(frozen=True)

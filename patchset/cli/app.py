@@ -18,8 +18,7 @@ from typing import Any, Optional
 import typer
 
 from .. import validate
-from ..errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNREACHABLE,
-                      PatchsetError, UsageError)
+from ..errors import Exit, PatchsetError, UsageError
 from ..model import Series
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
@@ -158,15 +157,14 @@ def finish(results, as_json: bool, verb: str) -> None:
             say(r.details)
     if len(results) > 1:
         say(summary(results))
-    codes = {r.exit_code for r in results}
-    code = EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes, default=0)
+    code = Exit.combine(r.exit_code for r in results)
     if code:
         raise typer.Exit(code)
 
 
 def summary(results) -> str:
     ok = [r.host for r in results if r.ok]
-    down = [r.host for r in results if r.exit_code == EXIT_UNREACHABLE]
+    down = [r.host for r in results if r.exit_code == Exit.UNREACHABLE]
     failed = [r.host for r in results if not r.ok and r.host not in down]
     parts = [f"{len(ok)} ok"]
     if down:
@@ -199,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args:
             raise UsageError("no command given (see `patchset --help` for the commands)")
         code = app(args=args, prog_name="patchset", standalone_mode=False)
-        return code if isinstance(code, int) else 0
+        return code if isinstance(code, int) else Exit.OK
     except PatchsetError as exc:
         error_line(str(exc))
         details = getattr(exc, "details", "")
@@ -210,15 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort:
         print("patchset: aborted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     except KeyboardInterrupt:
         print("patchset: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - the one place that catches everything
         usage = _usage_error(exc)
         if usage is not None:
             error_line(usage)
-            return EXIT_BAD_INPUT
+            return Exit.BAD_INPUT
         return _unexpected(exc)
 
 
@@ -274,4 +272,4 @@ def _unexpected(exc: BaseException) -> int:
     short = redact_text(traceback.format_exception_only(type(exc), exc)[-1].strip())
     print(f"patchset: internal error: {validate.printable(short)} (full trace in {log})",
           file=sys.stderr)
-    return EXIT_INTERNAL
+    return Exit.INTERNAL

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..errors import EXIT_FINDINGS
+from ..errors import Exit
 from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, SecondsOpt, SeriesOpt,
                   TargetOpt,
                   app, emit_json, esc, load, resolver_for, say, term)
@@ -64,8 +64,8 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     else:
         _render(report)
     say(f"report saved to {saved}")
-    code = report.exit_code or (0 if report.culprit or report.steps[0].probe_ok
-                                else EXIT_FINDINGS)
+    code = report.exit_code or (Exit.OK if report.culprit or report.steps[0].probe_ok
+                                else Exit.FINDINGS)
     if code:
         raise typer.Exit(code)
 

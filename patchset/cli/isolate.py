@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE, UsageError
+from ..errors import Exit, UsageError
 from .app import (
     AcceptNewOpt,
     SecondsOpt,
@@ -56,9 +56,9 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
     else:
         _render_probe(report)
     if report.unreachable:
-        raise typer.Exit(EXIT_UNREACHABLE)
+        raise typer.Exit(Exit.UNREACHABLE)
     if not report.ok:
-        raise typer.Exit(EXIT_FINDINGS)
+        raise typer.Exit(Exit.FINDINGS)
 
 
 def _render_probe(report) -> None:

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .. import __version__
-from ..errors import EXIT_FINDINGS, EXIT_UNREACHABLE
+from ..errors import Exit
 from .app import (AcceptNewOpt, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt,
                   OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app, emit_json,
                   esc, finish, host_error, load, printable_block, resolver_for, selection,
@@ -94,7 +94,7 @@ def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
     else:
         _render_check(report)
     if not report.ok:
-        raise typer.Exit(EXIT_FINDINGS)
+        raise typer.Exit(Exit.FINDINGS)
 
 
 def _blob_reader(base):
@@ -154,9 +154,9 @@ def plan_cmd(hosts: Optional[List[str]] = typer.Argument(None, help="hosts to co
     for r in host_results:
         if not r.ok:
             say(result_line(r, "plan"))
-    codes = {r.exit_code for r in host_results}
-    if codes - {0}:
-        raise typer.Exit(EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes))
+    code = Exit.combine(r.exit_code for r in host_results)
+    if code:
+        raise typer.Exit(code)
 
 
 def _render_plan(result, host_results) -> None:
@@ -250,12 +250,15 @@ def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the
     else:
         for state in states:
             _render_status(state)
-    codes = {st.get("exit_code", 0) for st in states}
-    if EXIT_UNREACHABLE in codes:
-        raise typer.Exit(EXIT_UNREACHABLE)
-    from .serving import stale_units
-    if any(api.has_findings(st) or stale_units(st) for st in states) or codes - {0}:
-        raise typer.Exit(max(codes | {EXIT_FINDINGS}))
+    # A host's error is its code; drift, hand edits or stale units on any host are findings.
+    codes = {st.get("exit_code", Exit.OK) for st in states}
+    if Exit.UNREACHABLE not in codes:
+        from .serving import stale_units
+        if any(api.has_findings(st) or stale_units(st) for st in states):
+            codes.add(Exit.FINDINGS)
+    code = Exit.combine(codes)
+    if code:
+        raise typer.Exit(code)
 
 
 def _render_status(st: dict) -> None:

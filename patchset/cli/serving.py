@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import EXIT_UNREACHABLE, BisectPending
+from ..errors import BisectPending, Exit
 from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt, SeriesOpt,
                   TargetOpt, app, emit_json, esc, load, resolver_for, result_line, say, summary, term)
 
@@ -184,7 +184,7 @@ def finish_with_restarts(results, restarts, as_json: bool) -> None:
                 say(x.details)
     if len(results) > 1:
         say(summary(results))
-    code = EXIT_UNREACHABLE if EXIT_UNREACHABLE in codes else max(codes, default=0)
+    code = Exit.combine(codes)
     if code:
         raise typer.Exit(code)
 

@@ -19,8 +19,8 @@ from typing import Any
 from patchset.errors import HostUnreachable
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ("auditor/__init__.py", "auditor/redact.py", "auditor/facts/*.py",
-           "auditor/host/*.py", "patchset/__init__.py", "patchset/engine.py")
+SHIPPED = ("auditor/__init__.py", "auditor/facts/*.py", "auditor/host/*.py",
+           "patchset/__init__.py", "patchset/engine.py", "patchset/redact.py")
 BOOTSTRAP = """\
 import json, os, shutil, sys, tarfile
 d = sys.argv[1]

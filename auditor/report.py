@@ -16,7 +16,7 @@ from typing import Any
 
 from .facts.base import FactValue
 from .model import HostFacts, Report, Server
-from .redact import redact
+from patchset.redact import redact
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "report.schema.json"
 SCHEMA_ID = "patchset-audit-report"

@@ -14,7 +14,7 @@ installed unless every file rendered and `systemd-analyze verify` printed nothin
 
 Credentials (api_key, admin_api_key, secret flags of extra_args) go to a root-only
 `--config` file, never the unit or the command line. Whatever a deploy returns, streams or
-raises passes one redaction point (`Scrub`, auditor/redact.py): the diffs, the journal tail
+raises passes one redaction point (`Scrub`, patchset/redact.py): the diffs, the journal tail
 of a failed unit, errors and progress events never show a secret.
 """
 
@@ -42,8 +42,8 @@ from patchset.errors import (
     UsageError,
 )
 
-from auditor import redact
-from auditor.redact import Redactor, is_secret_name
+from patchset import redact
+from patchset.redact import Redactor, is_secret_name
 
 from . import unit_engine, units
 
@@ -326,7 +326,7 @@ def _names(roles: list[str]) -> dict[str, dict]:
 class Scrub:
     """The one redaction point of deploy output. Everything `deploy` returns (the diffs,
     the failed unit's journal lines, the error and its details, notes), every progress
-    event it streams and every error it raises passes here, through auditor/redact.py:
+    event it streams and every error it raises passes here, through patchset/redact.py:
     by name (`HF_TOKEN=...`, `--api-key ...`, `api-key: ...`), by shape (`hf_...`), and
     every value known to be a secret (the inventory's, the rendered files', the installed
     files') wherever and however it is quoted."""

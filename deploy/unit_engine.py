@@ -20,7 +20,7 @@ A server role's credentials are in ENV_DIR/ROLE.secrets.yaml (SGLang's `--config
 the env file are written 0600 root:root, atomically; one found with another mode or owner
 is rewritten. The transaction record holds the previous files, so it is 0600 too.
 Everything the runner reports (journal lines, errors) is redacted here first, with the
-secrets the controller names in the request (auditor/redact.py, shipped alongside).
+secrets the controller names in the request (patchset/redact.py, shipped alongside).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _shipped(file: str, package: str, module: str):
 
 
 engine = _shipped("engine.py", "patchset", "engine")
-redact = _shipped("redact.py", "auditor", "redact")
+redact = _shipped("redact.py", "patchset", "redact")
 SECRET_MODE = 0o600
 
 EngineError = engine.EngineError

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from patchset import validate
 from patchset.errors import PatchsetError, UsageError
 
-from auditor.redact import is_secret_name
+from patchset.redact import is_secret_name
 
 ROLES = ("prefill", "decode", "router")
 SERVER_ROLES = ("prefill", "decode")
@@ -228,7 +228,7 @@ def _args(value: Any) -> list[str]:
 
 def secret_flag(word: str) -> str | None:
     """The flag of `--api-key` / `--api-key=v` when its name is a credential's
-    (auditor.redact.is_secret_name); None for any other word."""
+    (patchset.redact.is_secret_name); None for any other word."""
     if not word.startswith("--"):
         return None
     flag = word.split("=", 1)[0]

@@ -153,7 +153,7 @@ def test_audit_on_localhost_end_to_end(server, model) -> None:
 def test_bundle_holds_only_stdlib_modules() -> None:
     files = shipped_files()
     assert "auditor/host/gather.py" in files and "patchset/engine.py" in files
-    assert "auditor/facts/gpu.py" in files and "auditor/redact.py" in files
+    assert "auditor/facts/gpu.py" in files and "patchset/redact.py" in files
     for name, data in files.items():
         text = data.decode()
         for heavy in ("import yaml", "import jinja2", "import rich", "import typer",

@@ -14,7 +14,7 @@ import pytest
 
 from auditor.facts.checkpoint import SafetensorsHeader
 from auditor.host.gather import Gatherer, Runner, read_header
-from auditor.redact import Redactor
+from patchset.redact import Redactor
 
 
 class CountingFile(io.RawIOBase):

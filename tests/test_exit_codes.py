@@ -19,7 +19,7 @@ PRODUCT = ("patchset", "deploy", "auditor")
 # Shipped to hosts as single files with only the standard library (deploy/ssh.py and
 # deploy/deploy.py bundles, auditor/remote.py SHIPPED): patchset.errors does not go with
 # them, so their process exit statuses stay literals.
-HOST_SHIPPED = {"patchset/engine.py", "deploy/unit_engine.py", "auditor/redact.py",
+HOST_SHIPPED = {"patchset/engine.py", "deploy/unit_engine.py", "patchset/redact.py",
                 *remote.shipped_files()}
 # What each code's README meaning (the main table) must say.
 WORDS = {Exit.OK: "done", Exit.FINDINGS: "findings", Exit.BAD_INPUT: "bad input",

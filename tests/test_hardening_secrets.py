@@ -34,7 +34,7 @@ from audit_facts import synth
 from auditor import api, hostfacts
 from auditor.facts import procs
 from auditor.host import gather
-from auditor.redact import MARK, Redactor, redact_text, spellings
+from patchset.redact import MARK, Redactor, redact_text, spellings
 from deploy import deploy as dep
 from deploy import unit_engine, units
 from deploy.inventory import Host, load

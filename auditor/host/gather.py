@@ -8,7 +8,7 @@ It chains what one step tells the next (unit -> MainPID -> scheduler children ->
 /server_info -> model path -> index -> shard headers), so it parses a little itself, with
 the same fact classes the controller uses. Every record keeps its provenance (command,
 exit code, duration); nothing here raises for a fact that cannot be had: the record says
-why. Secrets are redacted before anything is returned (auditor.redact).
+why. Secrets are redacted before anything is returned (patchset.redact).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ if __package__ in (None, ""):          # run as a file from the bundle
 from auditor.facts import checkpoint as ck
 from auditor.facts import gpu, http, procs, systemd, tree
 from auditor.facts.base import Command
-from auditor.redact import Redactor, is_secret_name
+from patchset.redact import Redactor, is_secret_name
 
 FORMAT = 1
 VERSION = "1"

@@ -258,7 +258,7 @@ def _usage_error(exc: BaseException) -> str | None:
 def _unexpected(exc: BaseException) -> int:
     """A bug: a short line here, the trace in a 0600 log; both redacted (an exception's
     message or a local in the trace may hold an API key or a token)."""
-    from auditor.redact import redact_text
+    from ..redact import redact_text
 
     from ..paths import data_home
     log = data_home() / "debug.log"

@@ -1,13 +1,17 @@
 """The audit as one library call: gather on every host (in parallel, one round trip each),
 run the fidelity probes against its endpoint when asked, parse, evaluate patch states,
-run the checks, rank a symptom, return a Report."""
+run the checks, rank a symptom, return a Report.
+
+The probes are passed in (`HostProbes`, filled by isolate.probe.AuditProbes): this package
+is read-only and never imports the code that sends requests to a server; it finds each
+host's endpoint, calls the probes, and turns their records (model.ProbeResult) into
+findings."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from patchset import __version__
 from patchset.api import on_hosts
@@ -17,9 +21,7 @@ from patchset.model import Series
 from . import hostfacts, remote
 from . import policy as policy_mod
 from .checks import AuditContext, run_all
-from .model import Evidence, Finding, HostFacts, HostReport, Report
-from .probe import EVIDENCE as PROBE_EVIDENCE
-from .probe import FidelityReport, FidelitySpec, fidelity, not_run
+from .model import PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
@@ -28,15 +30,19 @@ PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 
 
-@dataclass
-class ProbePlan:
-    """What `audit --probe` asked for: the probes (`spec`, its endpoint left empty) and
-    the endpoint of each host the inventory gives one (router, else decode port: as
-    `patchset probe HOST`); other hosts are probed where their facts say a client's
-    request enters (rank.entry_url, the URL the symptom's probe step names)."""
+class HostProbes(Protocol):
+    """What `audit --probe` runs against each host (isolate.probe.AuditProbes): `urls`, the
+    endpoint of each host the inventory gives one (router, else decode port: as `patchset
+    probe HOST`); other hosts are probed where their facts say a client's request enters
+    (rank.entry_url, the URL the symptom's probe step names)."""
 
-    spec: FidelitySpec
-    urls: dict[str, str] = field(default_factory=dict)
+    urls: dict[str, str]
+
+    def run(self, host: str, url: str) -> list[ProbeResult]:
+        """Every probe asked for, against `url`; failures are records, not exceptions."""
+
+    def not_run(self, host: str, reason: str) -> list[ProbeResult]:
+        """Every probe asked for, as a record that could not be sent (and why)."""
 
 
 def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
@@ -51,13 +57,13 @@ def collect(series: Series, transports: list[Any], pol: policy_mod.Policy) -> li
 
 
 def _collect(series: Series, transports: list[Any], pol: policy_mod.Policy,
-             probes: ProbePlan | None, access: Access
-             ) -> list[tuple[HostFacts, FidelityReport | None]]:
+             probes: HostProbes | None, access: Access
+             ) -> list[tuple[HostFacts, list[ProbeResult] | None]]:
     """Facts of every host in parallel; each host's probes run right after its facts
     (they need them to find its endpoint), so a slow probe never holds up another host."""
     request = gather_request(series, pol)
 
-    def one(transport: Any) -> tuple[HostFacts, FidelityReport | None]:
+    def one(transport: Any) -> tuple[HostFacts, list[ProbeResult] | None]:
         try:
             result = remote.gather_on(transport, request)
         except HostUnreachable as exc:
@@ -67,7 +73,7 @@ def _collect(series: Series, transports: list[Any], pol: policy_mod.Policy,
     return on_hosts(transports, one)
 
 
-def probe_host(facts: HostFacts, plan: ProbePlan, access: Access) -> FidelityReport | None:
+def probe_host(facts: HostFacts, plan: HostProbes, access: Access) -> list[ProbeResult] | None:
     """The plan's probes against this host's endpoint; none for a host whose facts could
     not be gathered (that is already the finding, and its server is likely down too)."""
     if not facts.reachable or facts.error:
@@ -77,19 +83,19 @@ def probe_host(facts: HostFacts, plan: ProbePlan, access: Access) -> FidelityRep
         found = entry_url(facts, access.addresses.get(facts.host))
         url = found[1] if found else None
     if url is None:
-        return not_run(plan.spec, facts.host, "no endpoint to probe: the inventory gives "
-                       f"{facts.host} no router or decode port and no SGLang server runs "
-                       "there")
-    return fidelity(dataclasses.replace(plan.spec, url=url, host=facts.host))
+        return plan.not_run(facts.host, "no endpoint to probe: the inventory gives "
+                            f"{facts.host} no router or decode port and no SGLang server "
+                            "runs there")
+    return plan.run(facts.host, url)
 
 
-def probe_findings(host: str, run: FidelityReport) -> list[Finding]:
+def probe_findings(host: str, results: list[ProbeResult]) -> list[Finding]:
     """One finding per probe, so a failed probe counts like a failing check (summary, exit
     code, every renderer); its evidence is the probe's whole record, the same record
     `patchset probe --json` prints. An endpoint that could not be reached is `unknown`:
     the context was not tested (server-health says why the server is down)."""
     out = []
-    for r in run.results:
+    for r in results:
         status = "pass" if r.ok else "unknown" if r.unreachable else "fail"
         out.append(Finding(
             id=f"{PROBE_CHECK}[{r.probe}]", host=host, subject=f"{r.name} {r.url}".strip(),
@@ -109,7 +115,7 @@ def probe_records(host: HostReport) -> list[dict]:
 
 def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
              access: Access | None = None, pol: policy_mod.Policy | None = None,
-             probes: dict[str, FidelityReport] | None = None) -> Report:
+             probes: dict[str, list[ProbeResult]] | None = None) -> Report:
     """Everything after gathering: pure, so tests feed it fixture facts (and probe
     results) directly. Probe findings go in before ranking, which reads them."""
     pol = pol or policy_mod.load()
@@ -136,7 +142,7 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
 
 def audit(series: Series, transports: list[Any], symptom: str | None = None,
           access: Access | None = None, pol: policy_mod.Policy | None = None,
-          probes: ProbePlan | None = None) -> Report:
+          probes: HostProbes | None = None) -> Report:
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)

@@ -190,6 +190,39 @@ class SymptomReport:
     next_steps: tuple[Step, ...]
 
 
+# ---------------------------------------------------------------- fidelity probes (--probe)
+
+PROBE_EVIDENCE = "fidelity probe"   # `what` of the evidence that carries a probe's record
+
+
+@dataclass
+class ProbeResult:
+    """One probe's verdict with the evidence it rests on (what was sent, what was seen).
+    The audit carries these records (hosts[].probes, probe[...] findings); isolate.probe
+    runs the probes and fills them, so this read-only package never sends a request."""
+
+    probe: str                    # "recall" | "needle"
+    name: str                     # "recall", "needle@8k"
+    ok: bool
+    reason: str
+    expected: str                 # the planted token
+    answer: str = ""
+    size_tokens: int | None = None   # the size asked for (needle)
+    words_sent: int = 0           # words of every message's content
+    prompt_tokens: int | None = None  # what the server says it saw (usage)
+    latency_ms: float = 0.0
+    turns: int = 0                # user turns sent
+    tools: bool = False           # tool definitions were in the request
+    error: str | None = None
+    unreachable: bool = False
+    url: str = ""                 # the endpoint it was sent to (audit reports mix hosts)
+
+
+def size_label(size: int) -> str:
+    """8192 -> `8k`, as the sizes are written on the command line."""
+    return f"{size // 1024}k" if size % 1024 == 0 else str(size)
+
+
 @dataclass
 class HostReport:
     host: str

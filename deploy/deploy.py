@@ -243,11 +243,12 @@ def select_roles(host: Any, roles: list[str] | None) -> list[str]:
     return [r for r in units.ROLES if r in wanted]
 
 
-def deploy(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
-           dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
-           on_event: EventSink | None = None, git_prefix: str = "python/",
-           package: str = "sglang", source: str = "hosts.yaml", bisect: str | None = None,
-           gates_off: frozenset[str] = frozenset()) -> DeployResult:
+def deploy_units(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
+                 dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
+                 on_event: EventSink | None = None, git_prefix: str = "python/",
+                 package: str = "sglang", source: str = "hosts.yaml",
+                 bisect: str | None = None,
+                 gates_off: frozenset[str] = frozenset()) -> DeployResult:
     """Render, diff, verify, install, restart in order and wait for /health (or roll back).
 
     Bad settings raise UsageError before the host is contacted; an unreachable host
@@ -324,7 +325,7 @@ def _names(roles: list[str]) -> dict[str, dict]:
 # ---------------------------------------------------------------- redaction
 
 class Scrub:
-    """The one redaction point of deploy output. Everything `deploy` returns (the diffs,
+    """The one redaction point of deploy output. Everything `deploy_units` returns (the diffs,
     the failed unit's journal lines, the error and its details, notes), every progress
     event it streams and every error it raises passes here, through patchset/redact.py:
     by name (`HF_TOKEN=...`, `--api-key ...`, `api-key: ...`), by shape (`hf_...`), and
@@ -607,11 +608,11 @@ def restart_after_apply(series, inventory, specs, transports, results, timeout, 
                 out.append(DeployResult(host=applied.host, ok=True,
                                         notes=["no running unit serves a changed role"]))
                 continue
-            result = deploy(host, channel, tree, roles=roles, timeout=timeout,
-                            lock_wait=lock_wait, on_event=on_event,
-                            git_prefix=series.upstream.git_prefix,
-                            package=series.upstream.name,
-                            source=inventory.path or "hosts.yaml")
+            result = deploy_units(host, channel, tree, roles=roles, timeout=timeout,
+                                  lock_wait=lock_wait, on_event=on_event,
+                                  git_prefix=series.upstream.git_prefix,
+                                  package=series.upstream.name,
+                                  source=inventory.path or "hosts.yaml")
         except PatchsetError as exc:
             result = DeployResult(host=applied.host, ok=False,
                                   error=Scrub(inventory_secrets(host)).text(str(exc)),

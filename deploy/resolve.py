@@ -51,6 +51,17 @@ class Hosts:
         self.opened.append(transport)
         return transport
 
+    def audit_transport(self, spec: str):
+        """The transport `status` would use; a localhost without its default tree still
+        gets audited (the tree is then a fact that says it is missing)."""
+        try:
+            return self.transport(spec, provision_local=False)
+        except UsageError:
+            host = self.inventory.resolve(spec)
+            if not host.local:
+                raise
+            return LocalTransport(Path(default_target(self.series.upstream)))
+
     def __enter__(self) -> "Hosts":
         return self
 

@@ -191,6 +191,11 @@ def has_findings(state: dict) -> bool:
         or state.get("interrupted") or state.get("bisect"))
 
 
+def stale_units(state: dict) -> list[dict]:
+    """The units of a status that run other patches than their role now has."""
+    return [u for u in state.get("units") or [] if u.get("stale")]
+
+
 # ---------------------------------------------------------------- show
 
 @dataclass(frozen=True)

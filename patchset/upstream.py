@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +216,16 @@ def blob_ids(base: BaseTree, paths: Iterable[str]) -> dict[str, str | None]:
         if kind == "blob" and path in found:
             found[path] = oid
     return found
+
+
+def blob_reader(base: BaseTree) -> Callable[[str], bytes | None]:
+    """read(path) -> the base commit's bytes of a git path, or None when it has none:
+    api.check's view of the pin (`git cat-file blob COMMIT:PATH` in the cached repo)."""
+    def read(path: str) -> bytes | None:
+        proc = subprocess.run(["git", "cat-file", "blob", f"{base.commit}:{path}"],
+                              cwd=base.repo, capture_output=True)
+        return proc.stdout if proc.returncode == 0 else None
+    return read
 
 
 def pin_for_version(

@@ -163,7 +163,7 @@ def test_bundle_holds_only_stdlib_modules() -> None:
 
 
 def test_probes_against_the_stand_in(server) -> None:
-    from auditor import probe
+    from isolate import probe
     url = f"http://127.0.0.1:{server['port']}"
     result = probe.needle(url, 3000, SECRET)
     assert result["ok"] and result["answer"] == result["token"], result

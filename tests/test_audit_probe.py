@@ -17,9 +17,12 @@ import pytest
 from audit_facts import synth
 from hostutil import free_port
 
-from auditor import api, cli_support, probe, report
+from auditor import api, report
 from auditor.rank import Access
 from auditor.render import FORMATS, render
+from deploy.resolve import Hosts
+from isolate import probe
+from isolate.probe import AuditProbes
 from patchset.cli import main
 from tests import test_probe
 from tests.test_probe import SECRET
@@ -72,13 +75,13 @@ def unpatched() -> dict:
 
 
 def plan(url: str | None, kind: str = "recall", sizes: str | None = None,
-         key_env: str | None = None) -> api.ProbePlan:
+         key_env: str | None = None) -> AuditProbes:
     spec = probe.FidelitySpec(kinds=probe.parse_kinds(kind), sizes=probe.parse_sizes(sizes),
                               api_key_env=key_env, timeout=30)
-    return api.ProbePlan(spec, {HOST: url} if url else {})
+    return AuditProbes(spec, {HOST: url} if url else {})
 
 
-def audited(series, desc: dict, probes: api.ProbePlan, symptom: str | None = None) -> dict:
+def audited(series, desc: dict, probes: AuditProbes, symptom: str | None = None) -> dict:
     rep = api.audit(series, [Replay(desc, series)], symptom, Access(), probes=probes)
     data = report.to_dict(rep)
     assert report.validate(data) == []
@@ -109,7 +112,7 @@ def cli_env(series, tmp_path: Path, monkeypatch) -> dict:
         host = Replay(env["desc"], series, spec)
         env["hosts"].append(host)
         return host
-    monkeypatch.setattr(cli_support, "transport", transport)
+    monkeypatch.setattr(Hosts, "audit_transport", transport)
     return env
 
 

@@ -174,7 +174,7 @@ def test_fault_outside_the_series_is_reported_after_trying_every_candidate(benv,
 def test_ctrl_c_restores_the_starting_state(benv, capsys, monkeypatch) -> None:
     serve_with(benv, capsys, "mhc2", [MHC])
     before = snapshot(benv)
-    from auditor import bisector
+    from isolate import bisect as bisector
     real = bisector._converge
     calls = []
 

@@ -301,7 +301,7 @@ def facts(installed: dict | None = None) -> dict:
 
 def test_dry_run_result_never_holds_a_secret_old_or_new() -> None:
     channel = ScriptedChannel(facts(old_files()))
-    result = dep.deploy(host(), channel, "/opt/sglang", dry_run=True)
+    result = dep.deploy_units(host(), channel, "/opt/sglang", dry_run=True)
     dumped = json.dumps(result.to_json())
     assert_clean(dumped)
     by = {r.role: r for r in result.roles}
@@ -319,7 +319,7 @@ def test_the_runner_request_carries_the_config_and_what_to_redact() -> None:
     done = {"ok": True, "deployed": True, "changed": True, "failed": None, "rollback": None,
             "actions": {r: ["installed"] for r in units.ROLES}, "restart_reasons": {}}
     channel = ScriptedChannel(facts(old_files()), done)
-    dep.deploy(host(), channel, "/opt/sglang")
+    dep.deploy_units(host(), channel, "/opt/sglang")
     request = channel.requests[-1]
     assert request["op"] == "deploy"
     decode = request["roles"]["decode"]
@@ -359,7 +359,7 @@ def failed_deploy() -> dict:
 
 def test_a_failed_deploy_shows_a_redacted_journal_and_error() -> None:
     seen: list[dict] = []
-    result = dep.deploy(host(), ScriptedChannel(facts(old_files()), failed_deploy()),
+    result = dep.deploy_units(host(), ScriptedChannel(facts(old_files()), failed_deploy()),
                         "/opt/sglang", timeout=5, on_event=seen.append)
     assert not result.ok and result.exit_code == 4
     assert_clean(json.dumps(result.to_json()) + json.dumps(seen))
@@ -374,7 +374,7 @@ def test_errors_raised_by_deploy_are_redacted() -> None:
                                   "message": f"could not read the config: {API_KEY} / "
                                              f"{OLD_KEY}"}}
     with pytest.raises(TargetError) as info:
-        dep.deploy(host(), ScriptedChannel(bad), "/opt/sglang", dry_run=True)
+        dep.deploy_units(host(), ScriptedChannel(bad), "/opt/sglang", dry_run=True)
     assert_clean(str(info.value), SECRETS)          # the old key is not known yet: no facts
     assert MARK in str(info.value)
 

@@ -326,7 +326,7 @@ def test_dry_run_shows_the_diff_and_what_would_restart() -> None:
                  "decode": (now["decode"].unit_text, now["decode"].env_text.replace(
                      "TRITON_INDEXER=1", "TRITON_INDEXER=0"))}
     channel = ScriptedChannel(facts(installed))
-    result = dep.deploy(host(), channel, "/opt/sglang", dry_run=True)
+    result = dep.deploy_units(host(), channel, "/opt/sglang", dry_run=True)
     assert result.ok and result.dry_run and [r.role for r in result.roles] == list(units.ROLES)
     by = {r.role: r for r in result.roles}
     assert not by["prefill"].changed and by["prefill"].restart is None and by["prefill"].diff == ""
@@ -352,7 +352,7 @@ def test_a_failed_unit_is_reported_with_its_journal_and_the_rollback() -> None:
                             "action": "restarted with the previous files", "healthy": True}],
               "events": [{"event": "wait", "role": "decode", "elapsed": 1, "timeout": 5}]}
     seen = []
-    result = dep.deploy(host(), ScriptedChannel(facts(), failed), "/opt/sglang", timeout=5,
+    result = dep.deploy_units(host(), ScriptedChannel(facts(), failed), "/opt/sglang", timeout=5,
                         on_event=seen.append)
     assert not result.ok and result.exit_code == 4 and seen
     assert "within 5s (last: HTTP 503); rolled back: previous unit files restored, " \
@@ -363,22 +363,22 @@ def test_a_failed_unit_is_reported_with_its_journal_and_the_rollback() -> None:
 
 def test_a_non_root_login_reads_and_deploys_through_sudo() -> None:
     channel = ScriptedChannel(facts(), root=False)
-    dep.deploy(host(), channel, "/opt/sglang", dry_run=True)
+    dep.deploy_units(host(), channel, "/opt/sglang", dry_run=True)
     assert channel.sudo is True and len(channel.requests) == 2
 
 
 def test_bad_settings_fail_before_the_host_is_contacted() -> None:
     channel = ScriptedChannel(facts())
     with pytest.raises(UsageError, match="--role 'gpu'"):
-        dep.deploy(host(), channel, "/opt/sglang", roles=["gpu"])
+        dep.deploy_units(host(), channel, "/opt/sglang", roles=["gpu"])
     with pytest.raises(UsageError, match="--port is rendered by deploy"):
-        dep.deploy(host(decode={"gpus": "4", "port": 1, "extra_args": ["--port=2"]}), channel,
+        dep.deploy_units(host(decode={"gpus": "4", "port": 1, "extra_args": ["--port=2"]}), channel,
                    "/opt/sglang")
     assert channel.requests == []
     missing = facts()
     missing["tree"] = None
     with pytest.raises(TargetError, match="no SGLang tree at /opt/sglang"):
-        dep.deploy(host(), ScriptedChannel(missing), "/opt/sglang")
+        dep.deploy_units(host(), ScriptedChannel(missing), "/opt/sglang")
 
 
 def test_affected_roles_are_those_whose_patches_or_gates_changed() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..probe import EVIDENCE as PROBE_EVIDENCE
-from ..probe import size_label
+from ..model import PROBE_EVIDENCE, size_label
 
 STATE_ORDER = ("active", "unknown", "drifted", "inert", "gated-off", "not-applied")
 

@@ -10,6 +10,6 @@ from . import isolate  # noqa: E402,F401
 from . import rebase  # noqa: E402,F401
 from . import audit  # noqa: E402,F401
 from . import bisect  # noqa: E402,F401
-from .serving import DeployView  # noqa: E402
+from .app import DeployView  # noqa: E402
 
 __all__ = ["app", "main", "DeployView"]

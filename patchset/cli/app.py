@@ -123,6 +123,79 @@ class RichProgress:
                 yield lambda n: bar.advance(task, n)
         return _task()
 
+class DeployView:
+    """Deploy progress on stderr: a rich bar per /health wait on a TTY, plain lines when
+    piped (the first wait, then one line every PLAIN_EVERY seconds, then the outcome)."""
+
+    PLAIN_EVERY = 30.0
+
+    def __init__(self, host: str | None = None) -> None:
+        self.tty = sys.stderr.isatty()
+        self.host = host               # prefixes every line (several hosts in a row)
+        self.bar = None
+        self.task = None
+        self.printed: dict[tuple, float] = {}
+
+    def __enter__(self) -> "DeployView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop()
+
+    def event(self, ev: dict) -> None:
+        kind, role = ev.get("event"), ev.get("role", "")
+        rollback = " (rollback)" if ev.get("phase") == "rollback" else ""
+        if kind == "step":
+            self._line(str(ev.get("message")))
+        elif kind == "restart":
+            self._stop()
+            self.printed.clear()
+            self._line(f"{role}: restarting {ev.get('unit')} ({ev.get('reason')})")
+        elif kind == "healthy":
+            self._stop()
+            self._line(f"{role}: healthy after {float(ev.get('elapsed', 0)):.1f}s{rollback}")
+        elif kind == "wait":
+            self._wait(ev, role, rollback)
+
+    def _wait(self, ev: dict, role: str, rollback: str) -> None:
+        elapsed, timeout = float(ev.get("elapsed", 0)), float(ev.get("timeout", 0))
+        what = (f"{self.host}: " if self.host else "") + (
+            f"{role}: waiting for /health{rollback} ({ev.get('detail')})")
+        if self.tty:
+            if self.bar is None:
+                from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn,
+                                           TimeElapsedColumn)
+                self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                    BarColumn(), TextColumn("{task.completed:.0f}/"
+                                                            "{task.total:.0f}s"),
+                                    TimeElapsedColumn(), console=term(stderr=True),
+                                    transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(what, total=timeout)
+            self.bar.update(self.task, completed=min(elapsed, timeout), description=what)
+            return
+        key = (role, ev.get("phase"))
+        last = self.printed.get(key)
+        if last is None:
+            self._line(f"{role}: waiting for {ev.get('url')}{rollback} (timeout {timeout:.0f}s)")
+            self.printed[key] = elapsed
+        elif elapsed - last >= self.PLAIN_EVERY:
+            self._line(f"{role}: still waiting after {elapsed:.0f}s ({ev.get('detail')})")
+            self.printed[key] = elapsed
+
+    def _line(self, text: str) -> None:
+        text = f"{self.host}: {text}" if self.host else text
+        if self.bar is not None:
+            self.bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def _stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar, self.task = None, None
+
+
 # ---------------------------------------------------------------- shared plumbing
 
 def load(path: Optional[Path]) -> Series:

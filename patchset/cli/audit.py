@@ -41,12 +41,13 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     suspects for a symptom. Exit 0 clean, 1 findings (a failed probe too), 3 unreachable."""
     from auditor import cli_support
     from auditor.render import render
+    from isolate.probe import audit_probes
     s = load(series)
     cli_support.check_format(fmt)
     with resolver_for(s, inventory, target, accept_new) as resolver:
-        plan = cli_support.probe_plan(probe, probe_sizes, api_key_env, probe_timeout,
-                                      resolver.inventory, hosts)
-        transports = [cli_support.transport(resolver, h) for h in hosts]
+        plan = audit_probes(probe, probe_sizes, api_key_env, probe_timeout,
+                            resolver.inventory, hosts)
+        transports = [resolver.audit_transport(h) for h in hosts]
         report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
                                              plan)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()

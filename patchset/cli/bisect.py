@@ -1,18 +1,18 @@
 """`patchset bisect`: A/B gates, then revert suspects one at a time, re-probing after each,
-until the probe flips; the host always ends as it started. Also the hook by which the
-next apply/revert/deploy finishes the restore of a bisect whose run is gone."""
+until the probe flips; the host always ends as it started (the library: isolate/bisect.py,
+which also holds the recovery by which the next apply/revert/deploy finishes the restore
+of a bisect whose run is gone)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import typer
 
 from ..errors import Exit
-from .app import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, SecondsOpt, SeriesOpt,
-                  TargetOpt,
-                  app, emit_json, esc, load, resolver_for, say, term)
+from .app import (AcceptNewOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt, SecondsOpt,
+                  SeriesOpt, TargetOpt, app, emit_json, esc, load, resolver_for, say, term)
 
 
 @app.command()
@@ -40,21 +40,20 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
            series: Optional[Path] = SeriesOpt) -> None:
     """Find the smallest change of the series that makes a failing probe pass. Exit 0 found
     (or nothing to find), 1 no change flips it, 4 stopped or not restored, 130 Ctrl-C."""
-    from auditor import bisector
-    from auditor.probe import endpoint, parse_kinds, parse_sizes, parse_url
+    from isolate import bisect as bisector
+    from isolate.probe import endpoint, parse_kinds, parse_sizes, parse_url
     s = load(series)
     kinds = parse_kinds(probe, "--probe")
     sizes_checked, url_checked = parse_sizes(sizes), parse_url(url) if url else None
     with resolver_for(s, inventory, target, accept_new) as resolver:
-        t = _target(s, resolver, host, health_timeout)
+        t = bisector.bisect_host(s, resolver, host, health_timeout)
         if restore:
-            _restore_only(s, t)
+            bisector.restore_pending(t, say)
             return
-        plan = bisector.ProbePlan(kinds=kinds, sizes=sizes_checked,
-                                  url=url_checked or endpoint(host, resolver.inventory.path
-                                                              ).rstrip("/"),
-                                  api_key_env=api_key_env, timeout=probe_timeout)
-        from .serving import DeployView
+        plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,
+                                    url=url_checked or endpoint(host, resolver.inventory.path
+                                                                ).rstrip("/"),
+                                    api_key_env=api_key_env, timeout=probe_timeout)
         with DeployView(t.host.name) as view:      # restarts and /health waits, live
             t.on_event = view.event
             report = bisector.bisect(t, plan, symptom, say=say)
@@ -68,28 +67,6 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                 else Exit.FINDINGS)
     if code:
         raise typer.Exit(code)
-
-
-def _target(series, resolver, spec: str, health_timeout: float | None = None):
-    from auditor.bisector import Target
-    from deploy.deploy import channel_for
-    host = resolver.inventory.resolve(spec)
-    transport = resolver.transport(spec, provision_local=False)
-    return Target(series=series, host=host, transport=transport,
-                  channel=channel_for(transport), source=resolver.inventory.path or "hosts.yaml",
-                  health_timeout=health_timeout)
-
-
-def _restore_only(series, t) -> None:
-    from auditor.bisector import restore_abandoned
-    from .. import api
-    record = api.status(series, t.transport).get("bisect")
-    if not record:
-        say(f"{t.host.name}: no unfinished bisect there; nothing to restore")
-        return
-    restarted = restore_abandoned(t, record, say, force=True)
-    say(f"{t.host.name}: restored {', '.join(record.get('starting') or []) or 'no patches'}"
-        + (f"; restarted {', '.join(restarted)}" if restarted else ""))
 
 
 def _render(report) -> None:
@@ -109,30 +86,3 @@ def _render(report) -> None:
         console.print(f"  [red]NOT restored: {esc(report.restore_error)}[/red]")
     elif report.restored:
         console.print("  host restored to its starting state", markup=False)
-
-
-# ---------------------------------------------------------------- the next command restores
-
-def finish_abandoned(series, resolver, spec: str, record: dict) -> bool:
-    """Restore an abandoned bisect on `spec` so the command that found it can go on.
-    False (with the reason said) when its run is still alive or was started elsewhere."""
-    from auditor.bisector import restore_abandoned
-    from ..errors import BisectPending
-    t = _target(series, resolver, spec)
-    try:
-        restore_abandoned(t, record, say)
-    except BisectPending as exc:
-        say(str(exc))
-        return False
-    return True
-
-
-def retry_pending(series, resolver, specs: list[str], results: list[Any],
-                  again: Callable[[int], Any]) -> list[Any]:
-    """Results refused by an abandoned bisect are retried once its restore is finished."""
-    out = list(results)
-    for i, result in enumerate(results):
-        record = getattr(result, "bisect", None)
-        if record and finish_abandoned(series, resolver, specs[i], record):
-            out[i] = again(i)
-    return out

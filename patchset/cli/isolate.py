@@ -44,7 +44,7 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
           inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Context-fidelity probes: multi-turn recall with tools, long-context needle per size.
     Exit 0 all pass, 1 a probe failed, 3 the endpoint could not be reached."""
-    from auditor.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
+    from isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
     if bool(host) == bool(url):
         raise UsageError("probe: give exactly one of HOST or --url")
     spec = FidelitySpec(url=parse_url(url) if url else None, host=host, inventory=str(inventory) if inventory else None,

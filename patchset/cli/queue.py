@@ -1,4 +1,5 @@
-"""The patch-queue commands: list, show, check, plan, apply, revert, status, provision."""
+"""The patch-queue commands: list, show, check, plan, apply, revert, status, provision
+(and the unit side of apply --restart and status)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import typer
 
 from .. import __version__
 from ..errors import Exit
-from .app import (AcceptNewOpt, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt,
-                  OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app, emit_json,
-                  esc, finish, host_error, load, printable_block, resolver_for, selection,
-                  ship_base, term)
+from .app import (AcceptNewOpt, DeployView, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt,
+                  LockWaitOpt, OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app,
+                  emit_json, esc, finish, host_error, load, printable_block, result_line,
+                  resolver_for, say, selection, ship_base, summary, term)
 
 
 
@@ -85,26 +86,16 @@ def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
           series: Optional[Path] = SeriesOpt) -> None:
     """Validate the manifest and apply every selection on the pinned base (zero fuzz)."""
     from .. import api
-    from ..upstream import provision
+    from ..upstream import blob_reader, provision
     s = load(series)
     base = provision(s.upstream, progress=RichProgress(), offline=offline)
-    report = api.check(s, _blob_reader(base), f"{base.commit} ({base.source})", exhaustive)
+    report = api.check(s, blob_reader(base), f"{base.commit} ({base.source})", exhaustive)
     if as_json:
         emit_json({"ok": report.ok, **asdict(report)})
     else:
         _render_check(report)
     if not report.ok:
         raise typer.Exit(Exit.FINDINGS)
-
-
-def _blob_reader(base):
-    import subprocess
-
-    def read(path: str) -> bytes | None:
-        proc = subprocess.run(["git", "cat-file", "blob", f"{base.commit}:{path}"],
-                              cwd=base.repo, capture_output=True)
-        return proc.stdout if proc.returncode == 0 else None
-    return read
 
 
 def _render_check(report) -> None:
@@ -150,7 +141,6 @@ def plan_cmd(hosts: Optional[List[str]] = typer.Argument(None, help="hosts to co
         _render_plan(result, host_results)
     # A host that refuses (a patch that does not apply, not the pin, ...) is the same
     # one-line refusal on stderr, with the same exit code, as `apply` gives.
-    from .app import result_line, say
     for r in host_results:
         if not r.ok:
             say(result_line(r, "plan"))
@@ -196,14 +186,14 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         transports = [resolver.transport(h) for h in hosts]
         results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
                             base_provider=ship_base(s))
-        from .bisect import retry_pending
+        from isolate.bisect import retry_pending
         results = retry_pending(s, resolver, hosts, results, lambda i: api.apply(
-            s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0])
+            s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0],
+            say)
         if restart and not dry_run:
-            from .serving import finish_with_restarts, restart_after_apply
-            restarts = restart_after_apply(s, resolver, hosts, transports, results,
+            restarts = _restart_after_apply(s, resolver, hosts, transports, results,
                                             health_timeout, lock_wait)
-            finish_with_restarts(results, restarts, as_json)
+            _finish_with_restarts(results, restarts, as_json)
             return
     finish(results, as_json, "apply")
 
@@ -227,8 +217,8 @@ def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
         def run_revert(_: int = 0):
             return api.revert(s, names, transport, with_dependents=with_dependents,
                               lock_wait=lock_wait)
-        from .bisect import retry_pending
-        [result] = retry_pending(s, resolver, [spec], [run_revert()], run_revert)
+        from isolate.bisect import retry_pending
+        [result] = retry_pending(s, resolver, [spec], [run_revert()], run_revert, say)
     finish([result], as_json, "revert")
 
 
@@ -253,8 +243,7 @@ def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the
     # A host's error is its code; drift, hand edits or stale units on any host are findings.
     codes = {st.get("exit_code", Exit.OK) for st in states}
     if Exit.UNREACHABLE not in codes:
-        from .serving import stale_units
-        if any(api.has_findings(st) or stale_units(st) for st in states):
+        if any(api.has_findings(st) or api.stale_units(st) for st in states):
             codes.add(Exit.FINDINGS)
     code = Exit.combine(codes)
     if code:
@@ -300,11 +289,67 @@ def _render_status(st: dict) -> None:
                       " holds this host in a test state: it restores when it ends, else the "
                       "next apply/revert/deploy from its machine or `patchset bisect HOST "
                       "--restore` does[/yellow]")
-    from .serving import render_units
-    render_units(console, st)
+    _render_units(console, st)
     if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted",
                                     "bisect")):
         console.print("  clean")
+
+
+def _render_units(console, st: dict) -> None:
+    """The units that serve this tree (prefill, decode order); stale ones say how to fix."""
+    order = {"prefill": 0, "decode": 1}
+    for u in sorted(st.get("units") or [], key=lambda u: (order.get(u.get("role"), 9),
+                                                          u["unit"])):
+        state = f"{u.get('active')}/{u.get('sub')}"
+        pid = f", pid {u['main_pid']}, started {u['started']}" if u.get("main_pid") else ""
+        console.print(f"  unit {u['unit']} ({u['role']}): {state}{pid}", markup=False)
+        if u.get("stale"):
+            console.print(f"  [red]STALE[/red]: {esc(u['unit'])} started before the tree "
+                          f"changed ({esc(u['tree_changed'])}) and runs other patches than "
+                          f"its role now has; run `patchset apply --restart` or `patchset "
+                          f"deploy {esc(st['host'])} --role {esc(u['role'])}`")
+        if u.get("need_daemon_reload"):
+            console.print(f"  [yellow]{esc(u['unit'])} changed on disk since systemd loaded it "
+                          "(daemon-reload pending)[/yellow]")
+
+
+def _finish_with_restarts(results, restarts, as_json: bool) -> None:
+    if as_json:
+        emit_json([dict(asdict(r), restart=x.to_json() if x else None)
+                    for r, x in zip(results, restarts)])
+    codes = set()
+    for r, x in zip(results, restarts):
+        say(result_line(r, "apply"))
+        if r.details and not as_json:
+            say(r.details)
+        codes.add(r.exit_code)
+        if x is None:
+            continue
+        codes.add(x.exit_code)
+        if x.ok and not x.roles:
+            say(f"{r.host}: restart: nothing to restart ({'; '.join(x.notes)})")
+        elif x.ok:
+            done = ", ".join(f"{p.role} {'restarted' if 'restarted' in p.actions else 'unchanged'}"
+                             for p in x.roles)
+            say(f"{r.host}: restart: {done}")
+        else:
+            say(f"{r.host}: restart FAILED: {x.error}")
+            if x.details and not as_json:
+                say(x.details)
+    if len(results) > 1:
+        say(summary(results))
+    code = Exit.combine(codes)
+    if code:
+        raise typer.Exit(code)
+
+
+def _restart_after_apply(series, resolver, specs, transports, results, timeout, lock_wait):
+    """apply --restart: redeploy the roles the apply changed, with progress here."""
+    from deploy.deploy import restart_after_apply as restart
+    with DeployView() as view:
+        return restart(series, resolver.inventory, specs, transports, results, timeout,
+                       lock_wait, on_event=view.event,
+                       on_host=lambda name: setattr(view, "host", name))
 
 
 @app.command()

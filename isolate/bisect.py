@@ -43,7 +43,7 @@ Say = Callable[[str], None]
 
 
 @dataclass
-class Target:
+class BisectHost:
     """One host as the bisect drives it: queue transport, deploy channel, inventory host."""
 
     series: Series
@@ -76,7 +76,9 @@ class Candidate:
 
 
 @dataclass
-class Step:
+class BisectStep:
+    """One step of a bisect: the change made, what the host then ran, the probe's verdict."""
+
     number: int
     action: str               # baseline | gate-off | revert | all | restore
     change: str
@@ -98,7 +100,7 @@ class BisectReport:
     started: str
     starting: list[str]
     candidates: list[Candidate] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
+    steps: list[BisectStep] = field(default_factory=list)
     culprit: dict | None = None
     verdict: str = ""
     restored: bool = False
@@ -118,7 +120,9 @@ class BisectReport:
 
 
 @dataclass(frozen=True)
-class ProbePlan:
+class BisectProbe:
+    """The probe a bisect re-runs after every step, against one endpoint."""
+
     kinds: tuple[str, ...]
     sizes: tuple[int, ...]
     url: str
@@ -134,7 +138,7 @@ class ProbePlan:
 
 # ---------------------------------------------------------------- the run
 
-def bisect(t: Target, probe: ProbePlan, symptom: str = "context-loss",
+def bisect(t: BisectHost, probe: BisectProbe, symptom: str = "context-loss",
            say: Say = lambda _: None) -> BisectReport:
     status = api.status(t.series, t.transport)
     if status.get("bisect"):
@@ -147,7 +151,8 @@ def bisect(t: Target, probe: ProbePlan, symptom: str = "context-loss",
     report.candidates = candidates(t, symptom, starting)
     say(f"{t.host.name}: probing the starting state ({len(starting)} patches applied)")
     ok, results = probe.run()
-    report.steps.append(Step(0, "baseline", "starting state", starting, [], ok, results))
+    report.steps.append(BisectStep(0, "baseline", "starting state", starting, [], ok,
+                                   results))
     if ok:
         report.verdict = "the probe passes in the starting state: nothing to bisect"
         report.restored = True
@@ -173,7 +178,7 @@ def bisect(t: Target, probe: ProbePlan, symptom: str = "context-loss",
     return report
 
 
-def _walk(t: Target, probe: ProbePlan, report: BisectReport, steps: list[Candidate],
+def _walk(t: BisectHost, probe: BisectProbe, report: BisectReport, steps: list[Candidate],
           say: Say) -> None:
     for cand in steps:
         gates = [cand.patch] if cand.plan == "gate-off" else []
@@ -196,8 +201,8 @@ def _walk(t: Target, probe: ProbePlan, report: BisectReport, steps: list[Candida
                       "candidates (upstream, a hazard, or the deployment)")
 
 
-def _step(t: Target, probe: ProbePlan, report: BisectReport, action: str, change: str,
-          take_out: list[str], gates_off: list[str], say: Say) -> Step:
+def _step(t: BisectHost, probe: BisectProbe, report: BisectReport, action: str, change: str,
+          take_out: list[str], gates_off: list[str], say: Say) -> BisectStep:
     number = len(report.steps)
     say(f"{t.host.name}: step {number}: {change}")
     started = time.monotonic()
@@ -205,21 +210,22 @@ def _step(t: Target, probe: ProbePlan, report: BisectReport, action: str, change
     restarted = _converge(t, report.id, applied, gates_off)
     engine.crash_point(f"bisect-step-{number}")
     ok, results = probe.run()
-    step = Step(number, action, change, applied, list(gates_off), ok, results, restarted,
-                round(time.monotonic() - started, 2))
+    step = BisectStep(number, action, change, applied, list(gates_off), ok, results,
+                      restarted, round(time.monotonic() - started, 2))
     report.steps.append(step)
     say(f"{t.host.name}: step {number}: probe {'PASSES' if ok else 'still fails'}")
     return step
 
 
-def _converge(t: Target, bisect_id: str, applied: list[str], gates_off: list[str]) -> list[str]:
+def _converge(t: BisectHost, bisect_id: str, applied: list[str],
+              gates_off: list[str]) -> list[str]:
     """Make the host run exactly `applied` with `gates_off` unset; the roles restarted."""
-    from deploy.deploy import deploy
+    from deploy.deploy import deploy_units
     selected = _plan(t.series, applied)
     [result] = api.apply(t.series, selected, [t.transport], bisect=bisect_id)
     if not result.ok:
         raise TargetError(result.error or f"{t.host.name}: apply failed")
-    done = deploy(t.host, t.channel, t.tree, roles=t.roles, timeout=t.health_timeout,
+    done = deploy_units(t.host, t.channel, t.tree, roles=t.roles, timeout=t.health_timeout,
                   on_event=t.on_event, git_prefix=t.series.upstream.git_prefix,
                   package=t.series.upstream.name, source=t.source, bisect=bisect_id,
                   gates_off=frozenset(gates_off))
@@ -230,10 +236,10 @@ def _converge(t: Target, bisect_id: str, applied: list[str], gates_off: list[str
 
 # ---------------------------------------------------------------- candidates
 
-def candidates(t: Target, symptom: str, starting: list[str]) -> list[Candidate]:
+def candidates(t: BisectHost, symptom: str, starting: list[str]) -> list[Candidate]:
     """The audit's ranked patch suspects, each with what this bisect will do with it:
     gated ones first (an env change), then unconditional ones (a revert)."""
-    from . import api as audit_api
+    from auditor import api as audit_api
     report = audit_api.audit(t.series, [t.transport], symptom)
     states: dict[str, set[str]] = {}
     for host in report.hosts:
@@ -249,7 +255,7 @@ def candidates(t: Target, symptom: str, starting: list[str]) -> list[Candidate]:
 
 
 def _candidate(s: Any, patch: Any, states: set[str], starting: list[str],
-               t: Target) -> Candidate:
+               t: BisectHost) -> Candidate:
     live = sorted(states & set(LIVE_STATES))
     base = dict(rank=s.rank, patch=patch.name, score=s.score)
     if patch.name not in starting:
@@ -276,7 +282,7 @@ def _dependents(series: Series, applied: list[str], name: str) -> list[str]:
     return out
 
 
-def _describe(t: Target, cand: Candidate) -> str:
+def _describe(t: BisectHost, cand: Candidate) -> str:
     patch = t.series.by_name()[cand.patch]
     if cand.plan == "gate-off":
         return f"{patch.gate.env} unset (gate of {cand.patch}), restart"
@@ -285,7 +291,7 @@ def _describe(t: Target, cand: Candidate) -> str:
 
 # ---------------------------------------------------------------- restore
 
-def _restore_guarded(t: Target, report: BisectReport, say: Say) -> None:
+def _restore_guarded(t: BisectHost, report: BisectReport, say: Say) -> None:
     """The restore runs to the end even through Ctrl-C; a failure is reported, and the
     record left on the host lets the next command finish it."""
     previous = _ignore_sigint()
@@ -293,9 +299,9 @@ def _restore_guarded(t: Target, report: BisectReport, say: Say) -> None:
         say(f"{t.host.name}: restoring the starting state")
         started = time.monotonic()
         restarted = _restore(t, report.id, report.starting)
-        report.steps.append(Step(len(report.steps), "restore", "starting state",
-                                 list(report.starting), [], None, [], restarted,
-                                 round(time.monotonic() - started, 2)))
+        report.steps.append(BisectStep(len(report.steps), "restore", "starting state",
+                                       list(report.starting), [], None, [], restarted,
+                                       round(time.monotonic() - started, 2)))
         report.restored = True
     except (PatchsetError, OSError) as exc:
         report.restore_error = (f"{exc}; the host keeps the bisect record: the next patchset "
@@ -305,13 +311,13 @@ def _restore_guarded(t: Target, report: BisectReport, say: Say) -> None:
             signal.signal(signal.SIGINT, previous)
 
 
-def _restore(t: Target, bisect_id: str, starting: list[str]) -> list[str]:
+def _restore(t: BisectHost, bisect_id: str, starting: list[str]) -> list[str]:
     restarted = _converge(t, bisect_id, starting, [])
     api.bisect_mark(t.series, t.transport, bisect_id, None)
     return restarted
 
 
-def restore_abandoned(t: Target, record: dict, say: Say, force: bool = False) -> list[str]:
+def restore_abandoned(t: BisectHost, record: dict, say: Say, force: bool = False) -> list[str]:
     """Finish the restore of a bisect whose run is gone. A run still alive on this machine
     is never interfered with; one started elsewhere needs `force` (`--restore`)."""
     if not force and not abandoned(record):
@@ -325,6 +331,70 @@ def restore_abandoned(t: Target, record: dict, say: Say, force: bool = False) ->
     say(f"{t.host.name}: finishing the restore of the bisect started {record.get('started')} "
         f"by {record.get('by')}")
     return _restore(t, record["id"], list(record.get("starting") or []))
+
+
+def restore_pending(t: BisectHost, say: Say) -> None:
+    """`patchset bisect HOST --restore`: finish the restore of an unfinished bisect on the
+    host, even one started elsewhere; says what was restored (or that nothing was)."""
+    record = api.status(t.series, t.transport).get("bisect")
+    if not record:
+        say(f"{t.host.name}: no unfinished bisect there; nothing to restore")
+        return
+    restarted = restore_abandoned(t, record, say, force=True)
+    say(f"{t.host.name}: restored {', '.join(record.get('starting') or []) or 'no patches'}"
+        + (f"; restarted {', '.join(restarted)}" if restarted else ""))
+
+
+# ---------------------------------------------------------------- the next command restores
+
+def bisect_host(series: Series, resolver: Any, spec: str,
+                health_timeout: float | None = None) -> BisectHost:
+    """The host `spec` as a bisect drives it, through the command's host resolver
+    (deploy.resolve.Hosts): its inventory entry, queue transport and deploy channel."""
+    from deploy.deploy import channel_for
+    host = resolver.inventory.resolve(spec)
+    transport = resolver.transport(spec, provision_local=False)
+    return BisectHost(series=series, host=host, transport=transport,
+                      channel=channel_for(transport),
+                      source=resolver.inventory.path or "hosts.yaml",
+                      health_timeout=health_timeout)
+
+
+def finish_abandoned(series: Series, resolver: Any, spec: str, record: dict,
+                     say: Say) -> bool:
+    """Restore an abandoned bisect on `spec` so the command that found it can go on.
+    False (with the reason said) when its run is still alive or was started elsewhere."""
+    t = bisect_host(series, resolver, spec)
+    try:
+        restore_abandoned(t, record, say)
+    except BisectPending as exc:
+        say(str(exc))
+        return False
+    return True
+
+
+def retry_pending(series: Series, resolver: Any, specs: list[str], results: list[Any],
+                  again: Callable[[int], Any], say: Say) -> list[Any]:
+    """Results (apply, revert) refused by an abandoned bisect are retried, `again(i)`, once
+    its restore is finished."""
+    out = list(results)
+    for i, result in enumerate(results):
+        record = getattr(result, "bisect", None)
+        if record and finish_abandoned(series, resolver, specs[i], record, say):
+            out[i] = again(i)
+    return out
+
+
+def run_restoring(series: Series, resolver: Any, spec: str, run: Callable[[], Any],
+                  say: Say) -> Any:
+    """`run()` (a deploy); when an abandoned bisect on `spec` refuses it (BisectPending),
+    finish that restore and run it once more."""
+    try:
+        return run()
+    except BisectPending as exc:
+        if not finish_abandoned(series, resolver, spec, exc.record, say):
+            raise
+        return run()
 
 
 def abandoned(record: dict) -> bool:
@@ -348,7 +418,7 @@ def _ignore_sigint():
 
 # ---------------------------------------------------------------- helpers
 
-def _starting(t: Target, status: dict) -> list[str]:
+def _starting(t: BisectHost, status: dict) -> list[str]:
     """The host's applied patches, which must be the series' own files: the restore
     re-applies them from the series, so it must be able to reproduce them exactly."""
     known = t.series.by_name()
@@ -366,14 +436,14 @@ def _starting(t: Target, status: dict) -> list[str]:
     return names
 
 
-def _require_deployed(t: Target) -> None:
+def _require_deployed(t: BisectHost) -> None:
     """The units must be what deploy renders and running: the restore re-renders them,
     so anything else would be lost (or could not be told apart from the test states)."""
-    from deploy.deploy import deploy
+    from deploy.deploy import deploy_units
     if not t.roles:
         raise UsageError(f"{t.host.name}: no prefill or decode role in hosts.yaml: nothing "
                          "serves the tree, so there is nothing to probe")
-    result = deploy(t.host, t.channel, t.tree, roles=t.roles, dry_run=True,
+    result = deploy_units(t.host, t.channel, t.tree, roles=t.roles, dry_run=True,
                     git_prefix=t.series.upstream.git_prefix, package=t.series.upstream.name,
                     source=t.source)
     off = [f"{r.unit} ({r.restart})" for r in result.roles if r.changed or r.restart]
@@ -389,7 +459,7 @@ def _plan(series: Series, names: list[str]) -> Plan:
                 patches=tuple(p for p in series.patches if p.name in names))
 
 
-def _record(report: BisectReport, t: Target) -> dict:
+def _record(report: BisectReport, t: BisectHost) -> dict:
     return {"id": report.id, "started": report.started, "by": _who(),
             "controller": socket.gethostname(), "pid": os.getpid(), "probe": report.probe,
             "starting": list(report.starting), "roles": t.roles}

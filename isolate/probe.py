@@ -1,11 +1,12 @@
-"""Fidelity probes the `--symptom` next steps end with: small, bounded, standard library.
+"""Fidelity probes the `--symptom` next steps end with: small, bounded, standard library
+(the records they fill are the audit's: auditor.model.ProbeResult).
 
-    python3 -m auditor.probe needle --url http://HOST:PORT --tokens 20000
+    python3 -m isolate.probe needle --url http://HOST:PORT --tokens 20000
         a multi-turn chat: turn 1 plants "the token is X", filler turns follow up to
         about N words, the last turn asks for the token of turn 1; pass if the answer has X
-    python3 -m auditor.probe greedy --url URL --max-tokens 2000
+    python3 -m isolate.probe greedy --url URL --max-tokens 2000
         the same greedy (temperature 0) generation twice; pass if identical
-    python3 -m auditor.probe throughput --url URL --parallel 32
+    python3 -m isolate.probe throughput --url URL --parallel 32
         N parallel 256-token generations; prints completion tokens per second
 
 Each prints one JSON line and exits 0 (pass) or 1 (fail); a server that cannot be reached
@@ -21,6 +22,7 @@ reported) and a single long-context needle per size; every result keeps its evid
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +34,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from auditor.model import ProbeResult, size_label
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
           "deployment notes and checks the queue once more. ")
@@ -110,28 +114,6 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
 QUESTION = "What was the token I gave you in turn 1? Answer with the token only."
-EVIDENCE = "fidelity probe"   # `what` of the evidence that carries a record in an audit report
-
-
-@dataclass
-class ProbeResult:
-    """One probe's verdict with the evidence it rests on (what was sent, what was seen)."""
-
-    probe: str                    # "recall" | "needle"
-    name: str                     # "recall", "needle@8k"
-    ok: bool
-    reason: str
-    expected: str                 # the planted token
-    answer: str = ""
-    size_tokens: int | None = None   # the size asked for (needle)
-    words_sent: int = 0           # words of every message's content
-    prompt_tokens: int | None = None  # what the server says it saw (usage)
-    latency_ms: float = 0.0
-    turns: int = 0                # user turns sent
-    tools: bool = False           # tool definitions were in the request
-    error: str | None = None
-    unreachable: bool = False
-    url: str = ""                 # the endpoint it was sent to (audit reports mix hosts)
 
 
 @dataclass
@@ -326,11 +308,6 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def size_label(size: int) -> str:
-    """8192 -> `8k`, as the sizes are written on the command line."""
-    return f"{size // 1024}k" if size % 1024 == 0 else str(size)
-
-
 def recall(url: str, key: str | None, timeout: float = 600.0) -> ProbeResult:
     """Plant a token in turn 1 of an agent-shaped chat (tools defined, one tool round
     trip), ask for it after several turns: catches a server that drops history."""
@@ -413,9 +390,51 @@ def _verdict(token: str, answer: str, reasoning: str, sent: int,
     return False, f"the answer does not contain the planted token {token}"
 
 
+# ---------------------------------------------------------------- audit --probe
+
+@dataclass
+class AuditProbes:
+    """What `audit --probe` asked for, as the audit calls it (auditor.api.HostProbes): the
+    probes (`spec`, its endpoint left empty) and the endpoint of each host the inventory
+    gives one (router, else decode port: as `patchset probe HOST`); the audit finds the
+    endpoint of other hosts in their facts (rank.entry_url) and passes it to `run`."""
+
+    spec: FidelitySpec
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def run(self, host: str, url: str) -> list[ProbeResult]:
+        return fidelity(dataclasses.replace(self.spec, url=url, host=host)).results
+
+    def not_run(self, host: str, reason: str) -> list[ProbeResult]:
+        return not_run(self.spec, host, reason).results
+
+
+def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeout: float,
+                 inventory: Any, specs: list[str]) -> AuditProbes | None:
+    """`--probe KIND [--probe-sizes S] [--api-key-env NAME]` as the audit's probes, checked
+    before any host is contacted (bad input is exit 2, not a report full of failed probes).
+    The key itself stays in the environment: the spec holds only the variable's name."""
+    from patchset.errors import UsageError
+    if kind is None:
+        if sizes or key_env:
+            raise UsageError("--probe-sizes and --api-key-env need --probe recall|needle|all")
+        return None
+    spec = FidelitySpec(kinds=parse_kinds(kind, "--probe"),
+                        sizes=parse_sizes(sizes, "--probe-sizes"), api_key_env=key_env,
+                        timeout=timeout)
+    api_key(key_env)
+    urls = {}
+    for name in specs:
+        host = inventory.resolve(name)
+        url = role_url(host)
+        if url:
+            urls[host.name] = url           # the transport's name for it (local -> localhost)
+    return AuditProbes(spec, urls)
+
+
 def main(argv: list[str] | None = None) -> int:
     from patchset.errors import Exit
-    parser = argparse.ArgumentParser(prog="python3 -m auditor.probe", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m isolate.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("probe", choices=("needle", "greedy", "throughput"))
     parser.add_argument("--url", required=True)

@@ -1,0 +1,115 @@
+"""Dependencies point one way (DESIGN.md): every import of every product module, read with
+ast (function-level imports included), against the layering
+
+    patchset/ (queue, selection, engine, interop, rebase)  <-  deploy/ (units, inventory,
+    transports)  <-  auditor/ (facts, states, checks, rank, report: read-only)  <-
+    isolate/ (probe, bisect)
+
+with patchset/cli/ on top, tying them together. A layer may use the ones below it, never
+one above: the audit reads what the queue and deploy wrote (and never sends a probe: the
+CLI passes isolate's probes in as `auditor.api.HostProbes`); deploy never runs the audit.
+The CLI's command modules share plumbing only through patchset/cli/app.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("patchset", "deploy", "auditor", "isolate")
+CLI = "patchset.cli"
+
+# What each layer must not import (a module name, or a package and everything under it).
+FORBIDDEN = {
+    "patchset": ("deploy", "auditor", "isolate"),     # except patchset.cli (below)
+    "deploy": ("auditor", "isolate"),
+    "auditor": ("deploy", "isolate"),
+    "isolate": (),
+}
+# (importing module, imported module) pairs allowed across a rule, each with its reason.
+# Empty: no exception is needed today; add one only with the why next to it.
+ALLOWED: dict[tuple[str, str], str] = {}
+# patchset/cli modules that are not commands: the package registers the commands (it
+# imports each one so typer knows it), __main__ runs it, app is the shared plumbing.
+CLI_NOT_COMMANDS = {f"{CLI}", f"{CLI}.__main__", f"{CLI}.app"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """Absolute names of the modules `name` imports (`from X import Y`: X, and X.Y when Y
+    is a submodule)."""
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names
+                       if f"{module}.{alias.name}" in MODULES)
+    return out
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layer(name: str) -> str:
+    return name.split(".")[0]
+
+
+def violations() -> list[str]:
+    found = []
+    for name, path in MODULES.items():
+        for imported in sorted(imports(name, path)):
+            if (name, imported) in ALLOWED:
+                continue
+            if within(name, CLI):
+                if (name not in CLI_NOT_COMMANDS and within(imported, CLI)
+                        and imported not in (CLI, f"{CLI}.app")):
+                    found.append(f"{name} imports the command module {imported} (share "
+                                 "helpers through patchset/cli/app.py or a library)")
+                continue
+            for other in FORBIDDEN[layer(name)]:
+                if within(imported, other):
+                    found.append(f"{name} imports {imported}: {layer(name)}/ must not "
+                                 f"import {other}/")
+    return found
+
+
+def test_the_scan_sees_every_layer() -> None:
+    for package in PACKAGES:
+        assert any(layer(name) == package for name in MODULES), package
+    assert imports("patchset.cli.queue", MODULES["patchset.cli.queue"]) >= {
+        "patchset.cli.app", "patchset.api"}                   # relative, lazy ones too
+    assert "isolate.probe" in imports("patchset.cli.audit", MODULES["patchset.cli.audit"])
+
+
+def test_dependencies_point_one_way() -> None:
+    assert violations() == []
+
+
+def test_every_exception_says_why_and_is_still_needed() -> None:
+    for (importer, imported), why in ALLOWED.items():
+        assert why.strip(), (importer, imported)
+        assert imported in imports(importer, MODULES[importer]), \
+            f"stale exception: {importer} no longer imports {imported}"

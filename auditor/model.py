@@ -9,7 +9,6 @@ from typing import Any
 from .facts.base import FactValue, Provenance
 
 STATES = ("active", "inert", "gated-off", "not-applied", "drifted", "unknown")
-STATUSES = ("pass", "fail", "warn", "unknown")
 SEVERITIES = ("high", "medium", "low", "info")
 ROLE_PATHS = {"prefill": ("prefill",), "decode": ("decode",), "null": ("prefill", "decode")}
 
@@ -164,7 +163,9 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Step:
+class NextStep:
+    """One isolation step the ranking suggests, cheapest first (a suspect's, the report's)."""
+
     cost: int                        # 1 toggle a gate, 2 revert a patch, 3 run a probe
     kind: str                        # toggle-gate | revert | probe | restart | fix
     title: str
@@ -179,7 +180,7 @@ class Suspect:
     name: str
     score: float
     reasons: tuple[str, ...]
-    steps: tuple[Step, ...] = ()
+    steps: tuple[NextStep, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class SymptomReport:
     name: str
     title: str
     suspects: tuple[Suspect, ...]
-    next_steps: tuple[Step, ...]
+    next_steps: tuple[NextStep, ...]
 
 
 # ---------------------------------------------------------------- fidelity probes (--probe)

@@ -23,8 +23,8 @@ from .model import (
     Finding,
     HostFacts,
     HostReport,
+    NextStep,
     PatchState,
-    Step,
     Suspect,
     SymptomReport,
 )
@@ -50,7 +50,7 @@ class Access:
 def rank(ctx: AuditContext, symptom_name: str, access: Access | None = None) -> SymptomReport:
     symptom = ctx.policy.symptom(symptom_name)
     access = access or Access()
-    scored: list[tuple[float, str, str, list[str], list[Step]]] = []
+    scored: list[tuple[float, str, str, list[str], list[NextStep]]] = []
     for patch in ctx.series.patches:
         item = _patch_suspect(ctx, symptom, patch, access)
         if item:
@@ -113,8 +113,9 @@ def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Ac
 
 
 def _patch_steps(ctx: AuditContext, symptom: Symptom, patch: Patch,
-                 hits: list[tuple[HostReport, PatchState, float]], access: Access) -> list[Step]:
-    steps: list[Step] = []
+                 hits: list[tuple[HostReport, PatchState, float]],
+                 access: Access) -> list[NextStep]:
+    steps: list[NextStep] = []
     restart: dict[str, list[str]] = {}
     for host, st, _ in hits:
         server = host.facts.server(st.server) if st.server else None
@@ -123,31 +124,31 @@ def _patch_steps(ctx: AuditContext, symptom: Symptom, patch: Patch,
             restart.setdefault(host.host, []).append(unit)
         if patch.gate and unit and st.state in ("active", "gated-off"):
             turn_on = st.state == "gated-off"
-            steps.append(Step(1, "toggle-gate",
-                              f"{'set' if turn_on else 'unset'} {patch.gate.env} in {unit} on "
-                              f"{host.host} ({'on' if turn_on else 'upstream code'}), restart",
-                              access.remote(host.host, _toggle(host, unit, patch, turn_on)),
-                              "zero code change: the same tree, the patch's kernel "
-                              + ("enabled" if turn_on else "replaced by upstream's")))
+            steps.append(NextStep(1, "toggle-gate",
+                                  f"{'set' if turn_on else 'unset'} {patch.gate.env} in {unit} on "
+                                  f"{host.host} ({'on' if turn_on else 'upstream code'}), restart",
+                                  access.remote(host.host, _toggle(host, unit, patch, turn_on)),
+                                  "zero code change: the same tree, the patch's kernel "
+                                  + ("enabled" if turn_on else "replaced by upstream's")))
         elif st.state == "not-applied":
             applied = _applied(host)
             names = ",".join([n for n in applied] + [patch.name])
-            steps.append(Step(2, "apply", f"add {patch.name} to {host.host}'s selection",
-                              f"patchset plan --only {names} {shlex.quote(host.host)}",
-                              "plan shows the change; apply with the same selection"))
+            steps.append(NextStep(2, "apply", f"add {patch.name} to {host.host}'s selection",
+                                  f"patchset plan --only {names} {shlex.quote(host.host)}",
+                                  "plan shows the change; apply with the same selection"))
         elif st.state == "inert":
-            steps.append(Step(2, "fix", f"make {patch.name} reach its code path on "
-                              f"{host.host}", "", st.reason))
+            steps.append(NextStep(2, "fix", f"make {patch.name} reach its code path on "
+                                  f"{host.host}", "", st.reason))
     if not patch.gate:
         for host_name, units in sorted(restart.items()):
             revert = f"patchset revert {patch.name} --host {shlex.quote(host_name)}"
             units = sorted(set(units))
             then = access.remote(host_name, "systemctl restart " + " ".join(units))
             if symptom.states.get("active", 0) > 0:
-                steps.append(Step(2, "revert", f"revert {patch.name} on {host_name}, restart "
-                                  f"{', '.join(units)}", f"{revert} && {then}",
-                                  "takes one unconditional patch out, exactly; "
-                                  "`patchset apply` puts it back"))
+                steps.append(NextStep(2, "revert", f"revert {patch.name} on {host_name}, "
+                                      f"restart {', '.join(units)}", f"{revert} && {then}",
+                                      "takes one unconditional patch out, exactly; "
+                                      "`patchset apply` puts it back"))
     return _dedupe(steps)
 
 
@@ -199,7 +200,7 @@ def _hazard_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
                 host = ctx.hosts[0]
                 names = ",".join(_applied(host) + fix[:1])
                 command = f"patchset plan --only {names} {shlex.quote(host.host)}"
-            steps.append(Step(m.cost, m.kind, m.title, command))
+            steps.append(NextStep(m.cost, m.kind, m.title, command))
         out.append((score, "hazard", hz.id, reasons, steps))
     return out
 
@@ -223,7 +224,7 @@ def _check_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
 
 
 def _remedies(ctx: AuditContext, check_id: str, host_name: str, findings: list[Finding],
-              access: Access) -> list[Step]:
+              access: Access) -> list[NextStep]:
     spec = ctx.policy.remedies.get(check_id)
     if not spec:
         return []
@@ -237,14 +238,15 @@ def _remedies(ctx: AuditContext, check_id: str, host_name: str, findings: list[F
             command = access.remote(host_name, spec["remote"].format(**values))
         else:
             command = (spec.get("local") or "").format(**values)
-        steps.append(Step(int(spec.get("cost", 2)), spec.get("kind", "fix"), title, command))
+        steps.append(NextStep(int(spec.get("cost", 2)), spec.get("kind", "fix"), title,
+                              command))
     return _dedupe(steps)
 
 
 # ---------------------------------------------------------------- next steps
 
 def _next_steps(ctx: AuditContext, symptom: Symptom, suspects: tuple[Suspect, ...],
-                access: Access) -> tuple[Step, ...]:
+                access: Access) -> tuple[NextStep, ...]:
     probed = _probe_findings(ctx, symptom)
     reproduced = [f for f in probed if f.status == "fail"]
     if not suspects and not reproduced:
@@ -255,9 +257,9 @@ def _next_steps(ctx: AuditContext, symptom: Symptom, suspects: tuple[Suspect, ..
     steps = _dedupe([t[3] for t in ordered])
     if symptom.probe:
         url = _probed_url(reproduced or probed) or _probe_url(ctx, access)
-        steps.append(Step(3, "probe", symptom.probe.get("title", "probe"),
-                          symptom.probe.get("command", "").format(url=shlex.quote(url)),
-                          _probe_why(probed, reproduced)))
+        steps.append(NextStep(3, "probe", symptom.probe.get("title", "probe"),
+                              symptom.probe.get("command", "").format(url=shlex.quote(url)),
+                              _probe_why(probed, reproduced)))
     return tuple(steps)
 
 
@@ -311,7 +313,7 @@ def entry_url(facts: HostFacts, address: str | None = None) -> tuple[int, str] |
     return best
 
 
-def _dedupe(steps: list[Step]) -> list[Step]:
+def _dedupe(steps: list[NextStep]) -> list[NextStep]:
     seen: set[tuple[str, str]] = set()
     out = []
     for step in steps:

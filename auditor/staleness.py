@@ -31,7 +31,9 @@ def iso(value: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
 
 
-def role_patches(applied: list[dict], role: str | None) -> list[str]:
+def role_patch_ids(applied: list[dict], role: str | None) -> list[str]:
+    """`name:sha12` of each applied patch that runs in `role`: the words of PATCHSET_PATCHES
+    a process started now would have."""
     paths = ROLE_PATHS.get(str(role), ("prefill", "decode"))
     return [f"{a['name']}:{str(a.get('sha256') or '')[:12]}" for a in applied
             if a.get("path") in (None, "both") or a.get("path") in paths]
@@ -46,7 +48,7 @@ def stale(server: Server, status: dict, role: str | None) -> tuple[bool | None, 
     started_with = environ.value.get(PATCHES_VAR) if environ.known else None
     if started_with is not None:
         had = started_with.split()
-        now = role_patches(status.get("applied") or [], role)
+        now = role_patch_ids(status.get("applied") or [], role)
         if had == now:
             return False, f"runs the patches the tree has ({PATCHES_VAR})"
         gone = [p.split(":")[0] for p in had if p not in now]

@@ -443,7 +443,7 @@ def _connect_host(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "127.0.0.1", "localhost") else bind
 
 
-def role_patches(applied: list[dict], role: str) -> list[dict]:
+def role_applied(applied: list[dict], role: str) -> list[dict]:
     """The applied patches whose code runs in `role` (path role or both), in order."""
     return [a for a in applied if a.get("path") in (role, "both")]
 
@@ -451,7 +451,7 @@ def role_patches(applied: list[dict], role: str) -> list[dict]:
 def patches_value(applied: list[dict], role: str) -> str:
     """PATCHSET_PATCHES: `name:sha12 ...` of the patches this role runs (stale detection)."""
     words = []
-    for a in role_patches(applied, role):
+    for a in role_applied(applied, role):
         name, sha = str(a.get("name")), str(a.get("sha256") or "")
         if not PATCH_NAME.ok(name) or not validate.SHORT_SHA.ok(sha):
             raise UsageError(f"the host's state lists a patch {name!r} with sha256 {sha!r}: "
@@ -464,7 +464,7 @@ def role_gates(applied: list[dict], role: str) -> tuple[dict[str, str], dict[str
     """Gate env of the applied patches that run in `role`; conflicting gates refused."""
     gates: dict[str, str] = {}
     sources: dict[str, list[str]] = {}
-    for a in role_patches(applied, role):
+    for a in role_applied(applied, role):
         gate = a.get("gate")
         if not gate:
             continue

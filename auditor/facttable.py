@@ -33,25 +33,6 @@ from patchset.factnames import QUANT_FIELDS
 from .facts.base import FactValue
 from .model import Checkpoint, HostFacts, Server
 
-TABLE: tuple[tuple[str, str, str], ...] = (
-    ("gpu.<field>", ("compute_cap, name, driver_version, uuid, count of the GPUs the server "
-                     "sees (all must agree)"),
-     ("nvidia-smi --query-gpu=index,uuid,name,compute_cap,driver_version, filtered by the "
-      "server's CUDA_VISIBLE_DEVICES")),
-    ("server.<field>", "any ServerArgs field as resolved at startup",
-     "GET /server_info (fallback /get_server_info); else the flag on the command line"),
-    ("env.<NAME>", "the variable in the processes that run the kernels (null = unset)",
-     "/proc/PID/environ of the sglang::scheduler_* children (all agree), else the main pid"),
-    ("checkpoint.<key>", ("config.json key, or quant_method / quant_algo / moe_quant_algo / "
-                          "kv_cache_quant_algo"),
-     "MODEL/config.json quantization_config, hf_quant_config.json"),
-    ("unit.<name>", "role (prefill|decode|router|null), name, or a systemctl show property",
-     "X-Patchset-Role in the unit file, server.disaggregation_mode; systemctl show"),
-    ("patch.<name>", "the other patch's effective state in the same server",
-     "auditor.states"),
-)
-
-
 
 @dataclass
 class Context:

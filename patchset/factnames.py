@@ -14,7 +14,6 @@ from .validate import Rule
 
 GPU_FIELDS = ("compute_cap", "name", "driver_version", "uuid", "index", "count")
 QUANT_FIELDS = ("quant_method", "quant_algo", "moe_quant_algo", "kv_cache_quant_algo")
-UNIT_NAMES = ("role", "name")
 ROLE_VALUES = ("prefill", "decode", "router", "null")
 
 _SHAPES: dict[str, Rule] = {

@@ -39,7 +39,6 @@ ENV_NAME = Rule(r"[A-Za-z_][A-Za-z0-9_]{0,127}", "an environment variable name")
 GATE_VALUE = Rule(r"[A-Za-z0-9_.:,+-]{1,64}", "a plain gate value (letters, digits, "
                   "_ . : , + -)")
 SHA256 = Rule(r"[0-9a-f]{64}", "a 64-hex sha256")
-BLOB_ID = Rule(r"[0-9a-f]{40}", "a full 40-hex git blob id")
 SHORT_SHA = Rule(r"[0-9a-f]{12,64}", "a hex digest (12-64)")
 VERSION = Rule(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}", "a version (e.g. 0.5.14)")
 PYTHON_VERSION = Rule(r"[0-9]\.[0-9]{1,2}", "a Python version like 3.11")

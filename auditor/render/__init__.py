@@ -5,7 +5,6 @@ templates/), JSON, JUnit XML (one suite per host)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 FORMATS = ("terminal", "md", "html", "json", "junit")
 
@@ -24,5 +23,3 @@ def render(data: dict, fmt: str, color: bool = False, width: int | None = None) 
         return terminal(data, color=color, width=width)
     raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
 
-
-Renderer = Callable[[dict], str]

@@ -7,8 +7,6 @@ from typing import Any
 
 from ..model import PROBE_EVIDENCE, size_label
 
-STATE_ORDER = ("active", "unknown", "drifted", "inert", "gated-off", "not-applied")
-
 
 def when(epoch: Any) -> str:
     if not isinstance(epoch, (int, float)):

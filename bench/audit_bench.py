@@ -1,9 +1,10 @@
 """Sections 2 and 3 (audit): one audited host against `ssh HOST true` and a naive loop of
 one `ssh` per fact, and the audit of 1, 2, 4, 8 hosts.
 
-Every host is set up as tests/test_audit_hosts.py sets its host up: the series applied
-(the fleet section did that), the SGLang stand-in venv, a checkpoint (config.json + a 20 GB
-sparse shard) and a fake nvidia-smi, and prefill + decode units from `patchset deploy`.
+Every host is set up as tests/test_audit_hosts.py sets its host up (bench/hostsetup.py, which
+both use): the series applied (the fleet section did that), the SGLang stand-in venv, a
+checkpoint (config.json + a 20 GB sparse shard) and a fake nvidia-smi, and prefill + decode
+units from `patchset deploy`.
 
 Round trips are counted on the wire library: SSH connections opened (paramiko
 `SSHClient.connect`) + exec requests (`Channel.exec_command`); the SFTP channel the upload
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 from benchlib import Row, add_note, count_row, measure, ratios, row, verdict
+from hostsetup import ARGS, MODEL, TREE, VENV, checkpoint, free_ports
 
 from auditor import api as audit_api
 from auditor import policy as policy_mod
@@ -72,10 +74,7 @@ def count_ssh() -> Iterator[SshCount]:
 
 def setup_hosts(hosts: list, series_path: Path, scratch: Path) -> None:
     """Stand-in, checkpoint and fake nvidia-smi on every host, then `patchset deploy`."""
-    from hostutil import free_ports
-
     from tests.standin.install import install_standin
-    from tests.test_audit_hosts import TREE, VENV, checkpoint
 
     def prepare(host: Any) -> None:
         install_standin(host, venv=VENV, tree=TREE)
@@ -89,7 +88,6 @@ def setup_hosts(hosts: list, series_path: Path, scratch: Path) -> None:
 
 
 def write_inventory(hosts: list, ports: list[int], path: Path) -> Path:
-    from tests.test_audit_hosts import ARGS, MODEL, TREE, VENV
     spec = {}
     for i, h in enumerate(hosts):
         prefill, decode, bootstrap = ports[3 * i: 3 * i + 3]
@@ -118,7 +116,6 @@ def deploy(name: str, series_path: Path) -> None:
 def transports(hosts: list) -> list:
     from deploy.inventory import Host
     from deploy.ssh import SshTransport
-    from tests.test_audit_hosts import TREE, VENV
     return [SshTransport(Host(name=h.name, address=h.ip, port=h.port, user="root",
                               identity_file=str(h.client_key)), TREE, python=f"{VENV}/bin/python")
             for h in hosts]

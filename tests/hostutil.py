@@ -7,6 +7,7 @@ import random
 import socket
 from pathlib import Path
 
+from bench.hostsetup import free_ports  # noqa: F401 - the tests' name for it
 from patchset.cli import main
 from tests.hosts.nspawn import TestHost, run_ssh
 
@@ -25,25 +26,6 @@ def on_host(host: TestHost, command: str) -> str:
     proc = run_ssh(host, command)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-
-
-def free_ports(n: int) -> list[int]:
-    """Loopback ports free on the machine (the hosts share its network namespace), away
-    from SGLang's default 30000-30099."""
-    out: list[int] = []
-    socks = []
-    try:
-        while len(out) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if not 30000 <= port < 30100:
-                out.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return out
 
 
 def inventory(path: Path, hosts: list[TestHost], **extra) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import struct
 import time
 from pathlib import Path
 
@@ -19,26 +18,13 @@ import pytest
 import yaml
 from audit_facts import synth
 
+from bench.hostsetup import ARGS, MODEL, TREE, VENV, checkpoint
 from tests.hosts.nspawn import TestHost
 from tests.standin.install import install_standin
 from hostutil import cli, free_ports, on_host
 
-TREE, VENV = "/opt/sglang", "/opt/venv"
-MODEL = "/models/DeepSeek-V4-Flash-NVFP4"
 P, D = "sglang-prefill.service", "sglang-decode.service"
 SECRET, TOKEN = "sk-audit-host-0123456789abcdef", "hf_AuditHostTokenABCDEFGH"
-FAKE_SMI = """#!/bin/sh
-# test double: four sm_120 GPUs, as `nvidia-smi --query-gpu=... --format=csv,noheader`
-for i in 0 1 2 3; do
-  echo "$i, GPU-0000000$i-aaaa-bbbb-cccc-000000000000, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 580.95.05"
-done
-"""
-
-
-
-
-
-
 
 
 def write_series(dest: Path, **changes: dict) -> Path:
@@ -54,34 +40,6 @@ def write_series(dest: Path, **changes: dict) -> Path:
     (dest / "patches.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     assert root
     return dest / "patches.yaml"
-
-
-def checkpoint(host: TestHost) -> None:
-    root = host.live_root / MODEL.lstrip("/")
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
-        "num_hidden_layers": 43, "hc_mult": 4, "swiglu_limit": 10.0,
-        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}))
-    tensors = {f"layers.{i}.{n}": {"dtype": "F32", "shape": [24, 16384], "data_offsets": [0, 4]}
-               for i in (0, 42) for n in ("hc_attn_fn", "hc_ffn_fn")}
-    tensors.update({"layers.3.ffn.experts.0.w1.weight": {"dtype": "U8", "shape": [8, 8],
-                                                         "data_offsets": [0, 64]},
-                    "layers.3.ffn.experts.0.w1.weight_scale": {"dtype": "F8_E4M3",
-                                                               "shape": [8, 1],
-                                                               "data_offsets": [0, 8]},
-                    "layers.3.ffn.experts.0.w1.weight_scale_2": {"dtype": "F32", "shape": [],
-                                                                 "data_offsets": [0, 4]}})
-    header = json.dumps(tensors).encode()
-    shard = root / "model-00001-of-00001.safetensors"
-    with open(shard, "wb") as handle:
-        handle.write(struct.pack("<Q", len(header)) + header)
-        handle.truncate(20 * 2**30)                       # sparse: 20 GB on paper
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {name: shard.name for name in tensors}}))
-    smi = host.live_root / "usr/local/bin/nvidia-smi"
-    smi.write_text(FAKE_SMI)
-    smi.chmod(0o755)
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +65,6 @@ def audit_env(env, monkeypatch, capsys):
     monkeypatch.setenv("PATCHSET_HOME", str(env["work"] / "home"))
     monkeypatch.chdir(env["work"])
     return env
-
-
-ARGS = ["--moe-runner-backend", "triton", "--attention-backend", "dsv4",
-        "--reasoning-parser", "deepseek-v4"]
 
 
 def inventory(env: dict, roles: dict | None = None, serving: dict | None = None,

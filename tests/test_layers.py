@@ -1,14 +1,18 @@
 """Dependencies point one way (DESIGN.md): every import of every product module, read with
 ast (function-level imports included), against the layering
 
-    patchset/ (queue, selection, engine, interop, rebase)  <-  deploy/ (units, inventory,
-    transports)  <-  auditor/ (facts, states, checks, rank, report: read-only)  <-
-    isolate/ (probe, bisect)
+    isolate/ (probe, bisect)                          uses all three below
+    deploy/ (units, inventory, transports)            uses patchset/ only
+    auditor/ (facts, states, checks, rank, report)    uses patchset/ only (read-only)
+    patchset/ (queue, selection, engine, interop, rebase)
 
-with patchset/cli/ on top, tying them together. A layer may use the ones below it, never
-one above: the audit reads what the queue and deploy wrote (and never sends a probe: the
-CLI passes isolate's probes in as `auditor.api.HostProbes`); deploy never runs the audit.
-The CLI's command modules share plumbing only through patchset/cli/app.py."""
+with patchset/cli/ on top, tying them together. The audit reads what the queue and deploy
+wrote and never sends a probe (the CLI passes isolate's probes in as
+`auditor.api.HostProbes`); deploy never runs the audit.
+The CLI's command modules share plumbing only through patchset/cli/app.py. bench/ imports
+no test module: what it shares with the tests is bench/hostsetup.py, which tests import; it
+boots hosts with the test-host harness packages (tests/hosts/, tests/standin/), which
+import no test module either."""
 
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ FORBIDDEN = {
 # (importing module, imported module) pairs allowed across a rule, each with its reason.
 # Empty: no exception is needed today; add one only with the why next to it.
 ALLOWED: dict[tuple[str, str], str] = {}
+# The test-host harness bench may use: nspawn hosts, the stand-in server (stdlib only).
+HARNESS = ("tests.hosts", "tests.standin")
 # patchset/cli modules that are not commands: the package registers the commands (it
 # imports each one so typer knows it), __main__ runs it, app is the shared plumbing.
 CLI_NOT_COMMANDS = {f"{CLI}", f"{CLI}.__main__", f"{CLI}.app"}
@@ -48,9 +54,9 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
-def imports(name: str, path: Path) -> set[str]:
+def imports(name: str, path: Path, every_name: bool = False) -> set[str]:
     """Absolute names of the modules `name` imports (`from X import Y`: X, and X.Y when Y
-    is a submodule)."""
+    is a product submodule, or always with `every_name`)."""
     is_package = path.name == "__init__.py"
     here = name.split(".") if is_package else name.split(".")[:-1]
     out: set[str] = set()
@@ -65,7 +71,7 @@ def imports(name: str, path: Path) -> set[str]:
                 module = node.module or ""
             out.add(module)
             out.update(f"{module}.{alias.name}" for alias in node.names
-                       if f"{module}.{alias.name}" in MODULES)
+                       if every_name or f"{module}.{alias.name}" in MODULES)
     return out
 
 
@@ -113,3 +119,27 @@ def test_every_exception_says_why_and_is_still_needed() -> None:
         assert why.strip(), (importer, imported)
         assert imported in imports(importer, MODULES[importer]), \
             f"stale exception: {importer} no longer imports {imported}"
+
+
+def test_bench_imports_no_test_module() -> None:
+    """bench/ runs with ROOT and bench/ on sys.path (never tests/): a test module would be
+    `tests.NAME` (or a bare NAME, if tests/ were on the path)."""
+    tests = {p.stem if p.suffix else p.name for p in (ROOT / "tests").iterdir()
+             if p.suffix == ".py" or (p.is_dir() and not p.name.startswith((".", "__")))}
+    found = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        name = "bench." + ".".join(path.relative_to(ROOT / "bench").with_suffix("").parts)
+        for imported in sorted(imports(name, path, every_name=True)):
+            if any(within(imported, h) for h in HARNESS) or imported == "tests":
+                continue
+            if within(imported, "tests") or imported.split(".")[0] in tests:
+                found.append(f"{path.relative_to(ROOT)} imports {imported}")
+    for harness in HARNESS:                           # the harness stays free of tests too
+        for path in sorted((ROOT / harness.replace(".", "/")).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            for imported in imports(name, path, every_name=True):
+                if (within(imported, "tests") and imported != "tests"
+                        and not any(within(imported, h) for h in HARNESS)):
+                    found.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert "hostutil" in tests and "test_audit_hosts" in tests
+    assert found == []

@@ -204,6 +204,10 @@ def _patch_file_name(doc: Located, where: tuple, value: Any) -> str:
 def _read_patch(doc: Located, where: tuple, path: Path) -> bytes:
     if not path.exists() and not path.is_symlink():
         raise doc.error(where, f"{path} does not exist")
+    if path.is_symlink() and not path.resolve().is_relative_to(path.parent.parent.resolve()):
+        raise doc.error(where, f"{path} is a link to {path.resolve()}, outside the series "
+                        "directory (a shared series must not read files of the machine "
+                        "it is checked on)")
     try:
         text = inputfile.read_text(path, inputfile.PATCH_LIMIT, "patch file")
     except ManifestError as exc:

@@ -122,3 +122,33 @@ def test_an_internal_error_is_one_redacted_line_and_a_private_log(tmp_path: Path
     log = home / "debug.log"
     assert token not in err and token not in log.read_text()
     assert "RuntimeError" in log.read_text() and (log.stat().st_mode & 0o777) == 0o600
+
+
+def test_output_files_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    for argv, message in ((("audit", "localhost", "-o", str(tmp_path / "no" / "r.json")),
+                           "is not an existing directory"),
+                          (("audit", "localhost", "-o", str(tmp_path)), "is a directory"),
+                          (("bisect", "localhost", "--probe", "recall", "-o",
+                            str(tmp_path / "no" / "b.json")), "is not an existing directory")):
+        proc = cli(tmp_path, *argv)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and "'--output'" in lines[0] and message in lines[0]
+
+
+def test_a_full_disk_or_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "PATCHSET_HOME": str(home / "ps")}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "patchset.cli", "list", "--json"],
+                              cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert proc.returncode == 4
+    assert proc.stderr.strip() == "patchset: error: cannot write output: No space left on device"
+    reader = subprocess.Popen([sys.executable, "-m", "patchset.cli", "list", "--json"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    reader.stdout.read(10)
+    reader.stdout.close()                      # the reader goes away mid-listing
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=60) in (0, 1) and "Traceback" not in err

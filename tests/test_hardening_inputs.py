@@ -156,10 +156,26 @@ def test_a_patch_file_that_is_not_a_regular_file_is_refused(world: World, kind: 
         patch.symlink_to("/dev/zero")
     try:
         proc = cli(["list"], world.series)
-        assert_one_line_2(proc, "not a regular file")
+        assert_one_line_2(proc, "not a regular file" if kind in ("fifo", "directory")
+                          else "outside the series directory")
         assert "series[4].file" in proc.stderr
     finally:
         patch.rmdir() if patch.is_dir() and not patch.is_symlink() else patch.unlink()
+        patch.write_bytes(original)
+
+
+def test_a_patch_file_linking_outside_the_series_is_refused(world: World, tmp_path: Path) -> None:
+    outside = tmp_path / "secret.txt"
+    outside.write_text("root:x:0:0:not for the terminal\n")
+    patch = world.series / "patches" / "chat-e.patch"
+    original = patch.read_bytes()
+    patch.unlink()
+    patch.symlink_to(outside)
+    try:
+        line = world.refuse(("list",), "outside the series directory")
+        assert "not for the terminal" not in line and "series[4].file" in line
+    finally:
+        patch.unlink()
         patch.write_bytes(original)
 
 

@@ -285,12 +285,51 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("patchset: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
+    except BrokenPipeError:          # `patchset list | head`: the reader has what it wanted
+        _quiet_stdout()
+        return Exit.OK
+    except OSError as exc:           # stdout or a report file could not be written
+        error_line(f"cannot write {'output' if exc.filename is None else exc.filename}: "
+                   f"{exc.strerror or exc}")
+        return Exit.FAILED
     except Exception as exc:  # noqa: BLE001 - the one place that catches everything
         usage = _usage_error(exc)
         if usage is not None:
             error_line(usage)
             return Exit.BAD_INPUT
         return _unexpected(exc)
+
+
+def _quiet_stdout() -> None:
+    """After EPIPE, point stdout at /dev/null so the interpreter's final flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def output_file(value: Optional[Path]) -> Optional[Path]:
+    """An `-o FILE` option: a file in an existing directory, checked before any host is
+    contacted (a typo in the path must not cost a whole audit or bisect)."""
+    if value is None:
+        return None
+    if value.is_dir():
+        raise typer.BadParameter(f"{validate.printable(str(value))} is a directory")
+    if not value.parent.is_dir():
+        raise typer.BadParameter(f"{validate.printable(str(value.parent))} is not an "
+                                 "existing directory")
+    return value
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A report file appears whole or not at all (a reader never sees half of it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def check_arguments(args: list[str]) -> None:

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .app import (AcceptNewOpt, InventoryOpt, SecondsOpt, SeriesOpt, TargetOpt, app, load,
-                  resolver_for, say)
+                  output_file, resolver_for, say, write_atomic)
 
 
 
@@ -23,7 +23,8 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           fmt: str = typer.Option("terminal", "--format", help="terminal | md | html | json "
                                   "| junit"),
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the "
-                                                "report to FILE instead of stdout"),
+                                                "report to FILE instead of stdout",
+                                                callback=output_file),
           probe: Optional[str] = typer.Option(None, "--probe", help="also run context-"
                                               "fidelity probes against each host's endpoint: "
                                               "recall | needle | all"),
@@ -53,7 +54,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:
-        output.write_text(text, encoding="utf-8")
+        write_atomic(output, text)
         say(f"{cli_support.summary_line(data)}; report written to {output}")
     else:
         sys.stdout.write(text)

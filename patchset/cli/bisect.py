@@ -12,7 +12,8 @@ import typer
 
 from ..errors import Exit
 from .app import (AcceptNewOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt, SecondsOpt,
-                  SeriesOpt, TargetOpt, app, emit_json, esc, load, resolver_for, say, term)
+                  SeriesOpt, TargetOpt, app, emit_json, esc, load, output_file, resolver_for, say,
+                  term)
 
 
 @app.command()
@@ -33,7 +34,8 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                         "elsewhere), then stop"),
            output: Optional[Path] = typer.Option(None, "-o", "--output", help="save the "
                                                  "report here [default: $XDG_STATE_HOME/"
-                                                 "patchset/bisect/HOST-ID.json]"),
+                                                 "patchset/bisect/HOST-ID.json]",
+                                                 callback=output_file),
            health_timeout: Optional[float] = HealthTimeoutOpt,
            target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
            accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,

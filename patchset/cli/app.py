@@ -288,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:          # `patchset list | head`: the reader has what it wanted
         _quiet_stdout()
         return Exit.OK
-    except OSError as exc:           # stdout or a report file could not be written
-        error_line(f"cannot write {'output' if exc.filename is None else exc.filename}: "
-                   f"{exc.strerror or exc}")
+    except OSError as exc:   # the machine refused: stdout not writable, a file unreadable
+        where = "cannot write output" if exc.filename is None else str(exc.filename)
+        error_line(f"{where}: {exc.strerror or exc}")
         return Exit.FAILED
     except Exception as exc:  # noqa: BLE001 - the one place that catches everything
         usage = _usage_error(exc)

@@ -1,7 +1,7 @@
 """CLI smoke tests of usage errors, run as users run the program (a subprocess).
 
 These also run in the drift check (.ci/drift-check) at the newest allowed and the lowest
-allowed dependency versions: typer 0.29 vendors click, older typer releases depend on it,
+allowed dependency versions: typer 0.28 vendors click, older typer releases depend on it,
 and a usage error must be one line and exit 2 on every version pyproject.toml allows.
 """
 

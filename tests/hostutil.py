@@ -61,3 +61,18 @@ def free_port() -> int:
         _handed_out.update((port, port + 1))
         return port
     raise RuntimeError("no free port in 31000-31999")
+
+
+def http_status(url: str, token: str | None = None, timeout: float = 10) -> int:
+    """The HTTP status of GET `url` (with `Authorization: Bearer token`), 0 if unreachable."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
+                                 else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return 0

@@ -12,7 +12,7 @@ import yaml
 from deploy import units
 from tests.hosts.nspawn import TestHost, run_ssh
 from tests.standin.install import install_standin
-from hostutil import cli, free_ports, on_host
+from hostutil import cli, free_ports, http_status, on_host
 
 TREE = "/opt/sglang"
 VENV = "/opt/venv"
@@ -173,8 +173,8 @@ def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, dep
                    for line in lines)
         assert f"--config {config}" in files[f"/etc/systemd/system/{unit}"]
         models = f"http://127.0.0.1:{ports[role]}/v1/models"
-        assert _status(models) == 401 and _status(models, "wrong") == 401
-        assert _status(models, API_KEY) == 200
+        assert http_status(models) == 401 and http_status(models, "wrong") == 401
+        assert http_status(models, API_KEY) == 200
     assert "api-key" not in on_host(one_host, "cat /etc/sglang/router.env")
     decode = units.parse_env_file(files["/etc/sglang/decode.env"])
     prefill = units.parse_env_file(files["/etc/sglang/prefill.env"])
@@ -267,18 +267,6 @@ def test_unsafe_values_are_refused_before_anything_is_installed(one_host: TestHo
     assert code == 4 and "systemd-analyze verify refused the units (nothing was installed)" in err
     assert "no-such-python is not executable" in err
     assert set(files_on(one_host).values()) == {None}
-
-
-def _status(url: str, token: str | None = None) -> int:
-    import urllib.error
-    import urllib.request
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
-                                 else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 def _line(path: Path, text: str) -> int:

@@ -23,8 +23,6 @@ import subprocess
 import sys
 import time
 import types
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -40,6 +38,7 @@ from deploy import unit_engine, units
 from deploy.inventory import Host, load
 from patchset.cli import main
 from patchset.errors import ManifestError, TargetError, UsageError
+from hostutil import http_status
 from tests.standin.install import PAYLOAD, install_standin_local
 
 if str(PAYLOAD) not in sys.path:
@@ -648,16 +647,7 @@ def standin(pinned_base, tmp_path_factory: pytest.TempPathFactory) -> str:
     return install_standin_local(tmp_path_factory.mktemp("standin") / "venv", pinned_base.repo)
 
 
-def _get(url: str, token: str | None = None) -> int:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
-                                 else {})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return 0
+
 
 
 def _serve(python: str, args: list[str], tmp_path: Path) -> subprocess.Popen:
@@ -679,13 +669,13 @@ def test_standin_takes_the_key_from_config_and_requires_it(standin: str, tmp_pat
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        while _get(f"{base}/health") != 200:
+        while http_status(f"{base}/health") != 200:
             assert proc.poll() is None, (tmp_path / "server.log").read_text()
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert _get(f"{base}/v1/models") == 401
-        assert _get(f"{base}/v1/models", "wrong-key") == 401
-        assert _get(f"{base}/v1/models", API_KEY) == 200
+        assert http_status(f"{base}/v1/models") == 401
+        assert http_status(f"{base}/v1/models", "wrong-key") == 401
+        assert http_status(f"{base}/v1/models", API_KEY) == 200
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
         assert API_KEY not in cmdline and str(config) in cmdline
     finally:

@@ -15,10 +15,11 @@ from typing import Any, Protocol
 
 from patchset import __version__
 from patchset.api import on_hosts
-from patchset.errors import Exit, HostUnreachable
+from patchset.errors import Exit, HostUnreachable, TargetError
+from patchset.transport import Transport
 from patchset.model import Series
 
-from . import hostfacts, remote
+from . import hostfacts
 from . import policy as policy_mod
 from .checks import AuditContext, run_all
 from .model import PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report
@@ -52,22 +53,24 @@ def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
             "tensors": [dict(p) for p in pol.patterns]}
 
 
-def collect(series: Series, transports: list[Any], pol: policy_mod.Policy) -> list[HostFacts]:
+def collect(series: Series, transports: list[Transport], pol: policy_mod.Policy) -> list[HostFacts]:
     return [f for f, _ in _collect(series, transports, pol, None, Access())]
 
 
-def _collect(series: Series, transports: list[Any], pol: policy_mod.Policy,
+def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy,
              probes: HostProbes | None, access: Access
              ) -> list[tuple[HostFacts, list[ProbeResult] | None]]:
     """Facts of every host in parallel; each host's probes run right after its facts
     (they need them to find its endpoint), so a slow probe never holds up another host."""
     request = gather_request(series, pol)
 
-    def one(transport: Any) -> tuple[HostFacts, list[ProbeResult] | None]:
+    def one(transport: Transport) -> tuple[HostFacts, list[ProbeResult] | None]:
         try:
-            result = remote.gather_on(transport, request)
+            result = transport.call(request)
         except HostUnreachable as exc:
             return HostFacts(host=transport.host, reachable=False, error=str(exc)), None
+        except TargetError as exc:             # the agent gave no result
+            return HostFacts(host=transport.host, reachable=True, error=str(exc)), None
         facts = hostfacts.build(transport.host, result)
         return facts, probe_host(facts, probes, access) if probes else None
     return on_hosts(transports, one)
@@ -140,7 +143,7 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
     return report
 
 
-def audit(series: Series, transports: list[Any], symptom: str | None = None,
+def audit(series: Series, transports: list[Transport], symptom: str | None = None,
           access: Access | None = None, pol: policy_mod.Policy | None = None,
           probes: HostProbes | None = None) -> Report:
     pol = pol or policy_mod.load()

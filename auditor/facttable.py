@@ -30,7 +30,7 @@ from typing import Any
 
 from patchset.factnames import QUANT_FIELDS
 
-from .facts.base import FactValue
+from patchset.agent.facts.base import FactValue
 from .model import Checkpoint, HostFacts, Server
 
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 
-from .facts import checkpoint as ck
-from .facts import gpu, http, procs, systemd, tree
-from .facts.base import Fact, FactValue
+from patchset.agent.facts import checkpoint as ck
+from patchset.agent.facts import gpu, http, procs, systemd, tree
+from patchset.agent.facts.base import Fact, FactValue
 from .model import Checkpoint, HostFacts, Proc, Server, Unit
 
 
 def build(host: str, result: dict) -> HostFacts:
     """Parse one host's gather result; a failed gathering is a HostFacts saying why."""
     if not result.get("ok"):
+        error = result.get("error") or {}
+        why = error.get("message") if isinstance(error, dict) else str(error)
         return HostFacts(host=host, reachable=True,
-                         error=f"the gatherer failed: {result.get('error', 'no result')}")
+                         error=f"the gatherer failed: {why or 'no result'}")
     raw = result["raw"]
     facts = HostFacts(host=host, hostname=result.get("hostname"),
                       duration_ms=float(result.get("duration_ms") or 0.0))

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .facts.base import FactValue, Provenance
+from patchset.agent.facts.base import FactValue, Provenance
 
 STATES = ("active", "inert", "gated-off", "not-applied", "drifted", "unknown")
 SEVERITIES = ("high", "medium", "low", "info")
-ROLE_PATHS = {"prefill": ("prefill",), "decode": ("decode",), "null": ("prefill", "decode")}
 
 
 # ---------------------------------------------------------------- facts of one host

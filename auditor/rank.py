@@ -18,8 +18,9 @@ from patchset.model import Patch
 
 from .checks.base import AuditContext
 from .facttable import Context, role
+from patchset.agent.staleness import served_paths
+
 from .model import (
-    ROLE_PATHS,
     Finding,
     HostFacts,
     HostReport,
@@ -74,8 +75,7 @@ def _served(ctx: AuditContext, host: HostReport, state: PatchState) -> tuple[str
     if server is None:
         return ("prefill", "decode")
     r = role(ctx.context(host, server))
-    return ROLE_PATHS.get(str(r.value), ("prefill", "decode")) if r.known \
-        else ("prefill", "decode")
+    return served_paths(r.value) if r.known else served_paths(None)
 
 
 def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Access):

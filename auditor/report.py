@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .facts.base import FactValue
+from patchset.agent.facts.base import FactValue
 from .model import HostFacts, Report, Server
-from patchset.redact import redact
+from patchset.agent.redact import redact
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "report.schema.json"
 SCHEMA_ID = "patchset-audit-report"

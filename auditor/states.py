@@ -22,10 +22,11 @@ from typing import Any
 
 from patchset.model import Patch, Requirement, Series
 
-from .facts.base import FactValue
+from patchset.agent.facts.base import FactValue
 from .facttable import Context, resolve, role
-from .model import ROLE_PATHS, Condition, HostFacts, PatchState, Server
+from .model import Condition, HostFacts, PatchState, Server
 from .staleness import stale
+from patchset.agent.staleness import runs_in, served_paths
 
 
 def evaluate_host(series: Series, facts: HostFacts) -> list[PatchState]:
@@ -139,12 +140,12 @@ class Evaluator:
             served = role(self.ctx)
             cond = Condition("unit.role", "serves", patch.path, served.value if served.known
                              else None, None if not served.known else
-                             patch.path in ROLE_PATHS.get(str(served.value), ()),
+                             runs_in(patch.path, served.value),
                              f"a {patch.path}-path patch", served.source, served.reason)
             conditions.append(cond)
             if cond.ok is False:
                 false.append(f"path {patch.path}: {srv.id} serves "
-                             f"{'/'.join(ROLE_PATHS.get(str(served.value), ('nothing',)))} "
+                             f"{'/'.join(served_paths(served.value))} "
                              f"only ({served.source}: {served.value})")
             elif cond.ok is None:
                 unknown.append(f"unit.role: {served.reason}")

@@ -138,10 +138,9 @@ def audit(series: Any, hosts: list, pol: Any = None) -> Any:
 
 def naive_commands(series: Any, host: Any) -> list[str]:
     """One shell command per fact the gatherer collected on this host (from its records)."""
-    from auditor import remote
     [t] = transports([host])
     try:
-        raw = remote.gather_on(t, audit_api.gather_request(series, policy_mod.load()))
+        raw = t.call(audit_api.gather_request(series, policy_mod.load()))
     finally:
         t.close()
     assert raw.get("ok"), raw.get("error")

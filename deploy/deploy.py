@@ -3,8 +3,8 @@
 Two round trips per host:
   1. facts: the tree (layout, state: applied patches with gates and paths), the unit and
      env files installed now, the units' state (running? stale?). Read-only.
-  2. deploy: the rendered files and the runner (deploy/unit_engine.py, stdlib only, with
-     the engine) in one tar; it verifies, installs, reloads, enables, restarts and waits
+  2. deploy: the rendered files with the agent (patchset/agent/deployer.py) through the
+     host's Transport; it verifies, installs, reloads, enables, restarts and waits
      for /health on the host, streaming JSON-line progress back, and rolls back there.
 A dry run stops after 1 with the diff of every file and what would be restarted.
 
@@ -14,177 +14,23 @@ installed unless every file rendered and `systemd-analyze verify` printed nothin
 
 Credentials (api_key, admin_api_key, secret flags of extra_args) go to a root-only
 `--config` file, never the unit or the command line. Whatever a deploy returns, streams or
-raises passes one redaction point (`Scrub`, patchset/redact.py): the diffs, the journal tail
-of a failed unit, errors and progress events never show a secret.
+raises passes one redaction point (`Scrub`, patchset/agent/redact.py): the diffs, the
+journal tail of a failed unit, errors and progress events never show a secret.
 """
 
 from __future__ import annotations
 
 import difflib
-import io
-import json
-import secrets
 import shlex
-import subprocess
-import sys
-import tarfile
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from patchset import __version__, engine
-from patchset.errors import (
-    BisectPending,
-    Exit,
-    PatchsetError,
-    TargetError,
-    UsageError,
-)
+from patchset import __version__
+from patchset.agent.redact import Redactor, is_secret_name
+from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
+from patchset.transport import EventSink, Transport, raise_for
 
-from patchset import redact
-from patchset.redact import Redactor, is_secret_name
-
-from . import unit_engine, units
-
-EventSink = Callable[[dict], None]
-
-BOOTSTRAP = """\
-import os, shutil, sys, tarfile, runpy
-d = sys.argv[1]
-try:
-    with tarfile.open(os.path.join(d, "bundle.tar")) as t:
-        t.extractall(d)
-    sys.argv = ["unit_engine", d]
-    runpy.run_path(os.path.join(d, "unit_engine.py"), run_name="__main__")
-finally:
-    shutil.rmtree(d, ignore_errors=True)
-"""
-REMOTE_ENV = ("LC_ALL=C.UTF-8", "LANG=C.UTF-8")
-
-
-# ---------------------------------------------------------------- channels
-
-def bundle(request: dict) -> bytes:
-    """engine.py + unit_engine.py + redact.py + request.json, as one tar."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in (("engine.py", Path(engine.__file__).read_bytes()),
-                           ("unit_engine.py", Path(unit_engine.__file__).read_bytes()),
-                           ("redact.py", Path(redact.__file__).read_bytes()),
-                           ("request.json", json.dumps(request).encode())):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o600
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-class LineSink:
-    """A text stream for fabric's out_stream: JSON events go to `on_event` as they come,
-    the `{"result": ...}` line is kept, anything else is kept for error messages."""
-
-    def __init__(self, on_event: EventSink | None) -> None:
-        self.on_event = on_event
-        self.buffer = ""
-        self.result: dict | None = None
-        self.other: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.buffer += text
-        while "\n" in self.buffer:
-            line, self.buffer = self.buffer.split("\n", 1)
-            self.line(line)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.buffer:
-            self.line(self.buffer)
-            self.buffer = ""
-
-    def line(self, line: str) -> None:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            value = None
-        if isinstance(value, dict) and "result" in value:
-            self.result = value["result"]
-        elif isinstance(value, dict) and "event" in value:
-            if self.on_event:
-                self.on_event(value)
-        elif line.strip():
-            self.other.append(line)
-
-
-class SshChannel:
-    """Runs the deploy runner on an SSH host over the transport's one connection."""
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-        self.host = transport.host
-        self.sudo = False
-        self.round_trips = 0
-
-    def run(self, request: dict, on_event: EventSink | None = None) -> dict:
-        conn = self.transport.connection()
-        remote = f"/tmp/patchset-deploy-{secrets.token_hex(8)}"
-        sink, errors = LineSink(on_event), io.StringIO()
-        try:
-            sftp = conn.sftp()
-            sftp.mkdir(remote, 0o700)
-            sftp.putfo(io.BytesIO(bundle(request)), f"{remote}/bundle.tar")
-            argv = (["sudo", "-n"] if self.sudo else []) + [
-                "env", *REMOTE_ENV, "python3", "-c", BOOTSTRAP, remote]
-            result = conn.run(" ".join(shlex.quote(a) for a in argv), hide=False, warn=True,
-                              pty=False, in_stream=False, out_stream=sink, err_stream=errors,
-                              encoding="utf-8")
-            self.round_trips += 1
-        except PatchsetError:
-            raise
-        except (OSError, EOFError) as exc:
-            raise self.transport._unreachable(exc) from None
-        except Exception as exc:  # paramiko raises SSHException subclasses
-            import paramiko
-            if isinstance(exc, paramiko.SSHException):
-                raise self.transport._unreachable(exc) from None
-            raise
-        sink.close()
-        return _result_of(self.host, sink, result.exited, errors.getvalue())
-
-
-class LocalChannel:
-    """Runs the deploy runner on this machine (deploy to localhost)."""
-
-    def __init__(self, host: str = "localhost") -> None:
-        self.host = host
-        self.sudo = False
-        self.round_trips = 0
-
-    def run(self, request: dict, on_event: EventSink | None = None) -> dict:
-        with tempfile.TemporaryDirectory(prefix="patchset-deploy-") as tmp:
-            (Path(tmp) / "bundle.tar").write_bytes(bundle(request))
-            argv = (["sudo", "-n"] if self.sudo else []) + [
-                sys.executable, "-c", BOOTSTRAP, tmp]
-            sink = LineSink(on_event)
-            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  stdin=subprocess.DEVNULL, text=True) as proc:
-                for line in proc.stdout:           # type: ignore[union-attr]
-                    sink.write(line)
-                stderr = proc.stderr.read()        # type: ignore[union-attr]
-            self.round_trips += 1
-            sink.close()
-            return _result_of(self.host, sink, proc.returncode, stderr)
-
-
-def _result_of(host: str, sink: LineSink, exited: int | None, stderr: str) -> dict:
-    if sink.result is None:
-        tail = (stderr.strip().splitlines() or sink.other)[-3:]
-        raise TargetError(f"{host}: the deploy runner exited {exited} without a result "
-                          f"({' / '.join(tail) or 'no output'}); is python3 >= 3.8 there?")
-    return sink.result
-
+from . import units
 
 # ---------------------------------------------------------------- results
 
@@ -243,7 +89,7 @@ def select_roles(host: Any, roles: list[str] | None) -> list[str]:
     return [r for r in units.ROLES if r in wanted]
 
 
-def deploy_units(host: Any, channel: Any, tree: str, roles: list[str] | None = None,
+def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | None = None,
                  dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
                  on_event: EventSink | None = None, git_prefix: str = "python/",
                  package: str = "sglang", source: str = "hosts.yaml",
@@ -258,7 +104,7 @@ def deploy_units(host: Any, channel: Any, tree: str, roles: list[str] | None = N
     The result, the events and the errors are redacted (`Scrub`)."""
     scrub = Scrub(inventory_secrets(host))
     try:
-        result = _deploy(host, channel, tree, roles, dry_run, timeout, lock_wait,
+        result = _deploy(host, transport, tree, roles, dry_run, timeout, lock_wait,
                          scrub.events(on_event), git_prefix, package, source, bisect,
                          gates_off, scrub)
     except PatchsetError as exc:
@@ -266,7 +112,7 @@ def deploy_units(host: Any, channel: Any, tree: str, roles: list[str] | None = N
     return scrub.result(result)
 
 
-def _deploy(host: Any, channel: Any, tree: str, roles: list[str] | None, dry_run: bool,
+def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None, dry_run: bool,
             timeout: float | None, lock_wait: float, on_event: EventSink | None,
             git_prefix: str, package: str, source: str, bisect: str | None,
             gates_off: frozenset[str], scrub: "Scrub") -> DeployResult:
@@ -275,7 +121,7 @@ def _deploy(host: Any, channel: Any, tree: str, roles: list[str] | None, dry_run
     units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix), source=source)
     base = {"tree": tree, "git_prefix": git_prefix, "package": package,
             "tool_version": __version__}
-    facts = _facts(channel, dict(base, op="facts", roles=_names(chosen)))
+    facts = _facts(transport, dict(base, op="facts", roles=_names(chosen)))
     if not facts.get("tree"):
         raise TargetError(f"{host.name}: no SGLang tree at {tree}: run `patchset apply` there "
                           "first (the units serve that tree)")
@@ -313,7 +159,7 @@ def _deploy(host: Any, channel: Any, tree: str, roles: list[str] | None, dry_run
                               "effective": _effective(facts["roles"][r], rendered[r]),
                               "health_url": resolved[r].health_url,
                               "health_timeout": resolved[r].health_timeout} for r in chosen})
-    return _outcome(result, channel.run(request, on_event))
+    return _outcome(result, transport.call(request, on_event=on_event))
 
 
 def _names(roles: list[str]) -> dict[str, dict]:
@@ -327,7 +173,7 @@ def _names(roles: list[str]) -> dict[str, dict]:
 class Scrub:
     """The one redaction point of deploy output. Everything `deploy_units` returns (the diffs,
     the failed unit's journal lines, the error and its details, notes), every progress
-    event it streams and every error it raises passes here, through patchset/redact.py:
+    event it streams and every error it raises passes here, through patchset/agent/redact.py:
     by name (`HF_TOKEN=...`, `--api-key ...`, `api-key: ...`), by shape (`hf_...`), and
     every value known to be a secret (the inventory's, the rendered files', the installed
     files') wherever and however it is quoted."""
@@ -446,15 +292,12 @@ def _notes(facts: dict) -> list[str]:
 
 def _outcome(result: DeployResult, raw: dict) -> DeployResult:
     """Fold the runner's answer into the result: actions, recovery, failure + rollback."""
-    if not raw.get("ok"):
-        error = raw.get("error") or {}
-        if error.get("kind") == "bisect_pending":
-            exc = BisectPending(f"{result.host}: {error.get('message')}")
-            exc.record = json.loads(error.get("details") or "{}")
-            raise exc
-        code = Exit.BAD_INPUT if error.get("kind") == "usage" else Exit.FAILED
-        return _failed(result, f"{result.host}: {error.get('message')}", code,
-                       error.get("details") or "")
+    try:
+        raise_for(result.host, raw)
+    except BisectPending:
+        raise
+    except PatchsetError as exc:
+        return _failed(result, str(exc), exc.exit_code, exc.details)
     for report in result.roles:
         report.actions = raw["actions"].get(report.role, [])
         report.restart = (raw.get("restart_reasons") or {}).get(report.role)
@@ -480,20 +323,16 @@ def _outcome(result: DeployResult, raw: dict) -> DeployResult:
                    f"files restored, {back}", Exit.FAILED, details)
 
 
-def _facts(channel: Any, request: dict) -> dict:
-    raw = channel.run(request)
-    if raw.get("ok") and not raw.get("root") and not channel.sudo:
-        channel.sudo = True            # env files are root-only: read them as root
+def _facts(transport: Transport, request: dict) -> dict:
+    raw = raise_for(transport.host, transport.call(request))
+    if not raw.get("root"):
+        transport.elevate()            # env files are root-only: read them as root
         try:
-            raw = channel.run(request)
+            raw = raise_for(transport.host, transport.call(request))
         except TargetError:
-            raise TargetError(f"{channel.host}: deploy needs root there (it writes "
+            raise TargetError(f"{transport.host}: deploy needs root there (it writes "
                               "/etc/systemd/system and runs systemctl): connect as root or "
                               "allow passwordless sudo") from None
-    if not raw.get("ok"):
-        error = raw.get("error") or {}
-        cls = UsageError if error.get("kind") == "usage" else TargetError
-        raise cls(f"{channel.host}: {error.get('message')}")
     return raw
 
 
@@ -548,14 +387,14 @@ def _diff(old: str | None, new: str | None, path: str) -> list[str]:
 
 # ---------------------------------------------------------------- after apply
 
-def affected_roles(host: Any, channel: Any, tree: str, git_prefix: str = "python/",
+def affected_roles(host: Any, transport: Transport, tree: str, git_prefix: str = "python/",
                    package: str = "sglang") -> tuple[list[str], dict]:
     """Installed server roles whose patches or gates differ from the tree's state now, or
     whose process is stale: what `apply --restart` redeploys. Returns (roles, facts)."""
     candidates = [r for r in units.SERVER_ROLES if r in host.roles]
     if not candidates:
         return [], {}
-    facts = _facts(channel, {"op": "facts", "tree": tree, "git_prefix": git_prefix,
+    facts = _facts(transport, {"op": "facts", "tree": tree, "git_prefix": git_prefix,
                              "package": package, "roles": _names(candidates)})
     t = facts.get("tree")
     if not t:
@@ -576,13 +415,6 @@ def affected_roles(host: Any, channel: Any, tree: str, git_prefix: str = "python
     return out, facts
 
 
-def channel_for(transport: Any) -> Any:
-    """The deploy channel matching a queue transport (SSH or local)."""
-    if hasattr(transport, "connection"):
-        return SshChannel(transport)
-    return LocalChannel(getattr(transport, "host", "localhost"))
-
-
 def restart_after_apply(series, inventory, specs, transports, results, timeout, lock_wait,
                         on_event, on_host=lambda name: None) -> list:
     """After apply: redeploy, host by host, the server roles whose patches or gates changed
@@ -599,16 +431,15 @@ def restart_after_apply(series, inventory, specs, transports, results, timeout, 
             continue
         host = inventory.resolve(spec)
         on_host(host.name)
-        channel = channel_for(transport)
         tree = applied.target or str(transport.target)
         try:
-            roles, _ = affected_roles(host, channel, tree, series.upstream.git_prefix,
+            roles, _ = affected_roles(host, transport, tree, series.upstream.git_prefix,
                                       series.upstream.name)
             if not roles:
                 out.append(DeployResult(host=applied.host, ok=True,
                                         notes=["no running unit serves a changed role"]))
                 continue
-            result = deploy_units(host, channel, tree, roles=roles, timeout=timeout,
+            result = deploy_units(host, transport, tree, roles=roles, timeout=timeout,
                                   lock_wait=lock_wait, on_event=on_event,
                                   git_prefix=series.upstream.git_prefix,
                                   package=series.upstream.name,

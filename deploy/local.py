@@ -1,26 +1,79 @@
-"""The local transport: the same engine, run in this process on a tree on this machine."""
+"""The local transport: the agent for a tree on this machine.
+
+In this process (the bundle staged in a private temporary directory exactly as on a host),
+except for what must outlive the controller (main.ISOLATED_OPS: a deploy's transaction)
+and what runs as root once `elevate()` was called: those run the shipped bundle with the
+one bootstrap in a child process (`sudo -n` when elevated), like on an SSH host.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
-from patchset import engine
+from patchset import transport as wire
+from patchset.agent import main as agent
+from patchset.agent.protocol import Events
 
 
 class LocalTransport:
-    """Runs the engine on `target`; the bundle is staged exactly as a remote one would be."""
+    """The agent on `target`, a tree on this machine."""
 
-    def __init__(self, target: Path, host: str = "localhost") -> None:
+    provisions = False
+
+    def __init__(self, target: Path | str, host: str = "localhost",
+                 in_process: bool = True) -> None:
         self.host = host
-        self.target = Path(target)
+        self.target = str(target)
+        self.in_process = in_process      # False: every call runs the shipped bundle
+        self.sudo = False
+        self.round_trips = 0
+        self.bytes_sent = 0
 
-    def run_engine(self, request: dict, files: dict[str, Path]) -> dict:
-        with tempfile.TemporaryDirectory(prefix="patchset-bundle-") as tmp:
-            bundle = Path(tmp)
-            for name, source in files.items():
-                dest = bundle / name
+    def call(self, request: dict, files: Mapping[str, Path] | None = None,
+             on_event: wire.EventSink | None = None) -> dict:
+        request = wire.stamp(request, self.target)
+        self.round_trips += 1
+        with tempfile.TemporaryDirectory(prefix="patchset-agent-") as tmp:
+            if self.sudo or not self.in_process or request.get("op") in agent.ISOLATED_OPS:
+                return self._child(Path(tmp), request, files, on_event)
+            for name, source in (files or {}).items():
+                dest = Path(tmp) / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, dest)
-            return engine.run(dict(request, target=str(self.target)), bundle)
+            return agent.serve(request, Path(tmp), Events(sink=on_event or (lambda e: None)))
+
+    def _child(self, tmp: Path, request: dict, files: Mapping[str, Path] | None,
+               on_event: wire.EventSink | None) -> dict:
+        payload = wire.bundle(request, files)
+        (tmp / "bundle.tar").write_bytes(payload)
+        self.bytes_sent += len(payload)
+        argv = (["sudo", "-n"] if self.sudo else []) + [
+            "env", *(f"{k}={v}" for k, v in wire.REMOTE_ENV.items()), *_test_env(),
+            sys.executable, "-c", wire.BOOTSTRAP, str(tmp)]
+        sink = wire.LineSink(on_event)
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True) as proc:
+            for line in proc.stdout:           # type: ignore[union-attr]
+                sink.write(line)
+            stderr = proc.stderr.read()        # type: ignore[union-attr]
+        sink.close()
+        return sink.outcome(self.host, proc.returncode, stderr)
+
+    def elevate(self) -> None:
+        """Root through `sudo -n` from now on (the agent said it does not run as root)."""
+        self.sudo = True
+
+    def close(self) -> None:
+        pass
+
+
+def _test_env() -> list[str]:
+    """The engine's fault-injection hook, passed on when a test sets it."""
+    crash = os.environ.get("PATCHSET_TEST_CRASH_AT")
+    return [f"PATCHSET_TEST_CRASH_AT={crash}"] if crash else []

@@ -1,8 +1,9 @@
-"""The SSH transport: the same engine, shipped to the host with the patches in one transfer.
+"""The SSH transport: the agent, shipped to the host with its data in one transfer.
 
 One fabric Connection per host for the life of the transport. Each operation is one SFTP
-upload of a tar (engine + request + patch files) into a fresh private directory and one
-command that unpacks, runs and removes it. Host keys are checked against known_hosts
+upload of a tar (patchset/transport.py `bundle`: the agent + request + data files) into a
+fresh private directory and one command (the one BOOTSTRAP) that unpacks, runs and
+removes it. Host keys are checked against known_hosts
 (fabric accepts any key by default): unknown keys are refused unless accept_new, changed
 keys always. Every argument of the remote command line is shlex-quoted.
 """
@@ -10,32 +11,18 @@ keys always. Every argument of the remote command line is shlex-quoted.
 from __future__ import annotations
 
 import io
-import json
 import os
 import secrets
 import shlex
 import socket
-import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from patchset import engine
-from patchset.errors import HostUnreachable, TargetError
+from patchset import transport as wire
+from patchset.errors import HostUnreachable, PatchsetError
 
 from .inventory import Host
 
-BOOTSTRAP = """\
-import os, shutil, sys, tarfile, runpy
-d = sys.argv[1]
-try:
-    with tarfile.open(os.path.join(d, "bundle.tar")) as t:
-        t.extractall(d, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    sys.argv = ["engine", d]
-    runpy.run_path(os.path.join(d, "engine.py"), run_name="__main__")
-finally:
-    shutil.rmtree(d, ignore_errors=True)
-"""
-REMOTE_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
 CONNECT_TIMEOUT = 15
 
 
@@ -89,7 +76,8 @@ class SshTransport:
         self.accept_new = accept_new
         self.python = python
         self._conn = None
-        self.round_trips = 0      # engine commands run (what the benchmarks count)
+        self.sudo = False
+        self.round_trips = 0      # agent commands run (what the benchmarks count)
         self.bytes_sent = 0       # bundle bytes uploaded
 
     # ------------------------------------------------------------ connection
@@ -153,27 +141,30 @@ class SshTransport:
             self._conn.close()
             self._conn = None
 
-    # ------------------------------------------------------------ engine
+    # ------------------------------------------------------------ the agent
 
-    def run_engine(self, request: dict, files: dict[str, Path]) -> dict:
+    def call(self, request: dict, files: Mapping[str, Path] | None = None,
+             on_event: wire.EventSink | None = None) -> dict:
+        """One SFTP upload of the bundle into a fresh 0700 directory, one command that
+        unpacks, runs and removes it; events stream back while it runs."""
         conn = self.connection()
-        request = dict(request, target=self.target)
-        if self.python:
-            request.setdefault("python", self.python)
+        request = wire.stamp(request, self.target, self.python)
         remote = f"/tmp/patchset-{secrets.token_hex(8)}"
+        sink, errors = wire.LineSink(on_event), io.StringIO()
         try:
             sftp = conn.sftp()
             sftp.mkdir(remote, 0o700)
-            payload = _bundle(request, files)
+            payload = wire.bundle(request, files)
             sftp.putfo(io.BytesIO(payload), f"{remote}/bundle.tar")
             self.bytes_sent += len(payload)
-            command = " ".join(shlex.quote(part) for part in
-                               ["env", *(f"{k}={v}" for k, v in _remote_env().items()),
-                                "python3", "-c", BOOTSTRAP, remote])
-            result = conn.run(command, hide=True, warn=True, in_stream=False,
+            argv = (["sudo", "-n"] if self.sudo else []) + [
+                "env", *(f"{k}={v}" for k, v in _remote_env().items()),
+                "python3", "-c", wire.BOOTSTRAP, remote]
+            result = conn.run(shlex.join(argv), hide=True, warn=True, pty=False,
+                              in_stream=False, out_stream=sink, err_stream=errors,
                               encoding="utf-8")
             self.round_trips += 1
-        except HostUnreachable:
+        except PatchsetError:
             raise
         except (OSError, EOFError) as exc:
             raise self._unreachable(exc) from None
@@ -182,40 +173,17 @@ class SshTransport:
             if isinstance(exc, paramiko.SSHException):
                 raise self._unreachable(exc) from None
             raise
-        return self._parse(result)
+        sink.close()
+        return sink.outcome(self.host, result.exited, errors.getvalue())
 
-    def _parse(self, result) -> dict:
-        lines = result.stdout.strip().splitlines()
-        try:
-            return json.loads(lines[-1])
-        except (IndexError, ValueError):
-            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-            raise TargetError(f"{self.host}: the engine exited {result.exited} without a "
-                              f"result ({' / '.join(tail) or 'no output'}); is python3 >= 3.8 "
-                              "and git installed there?") from None
+    def elevate(self) -> None:
+        """Root through `sudo -n` from now on (the agent said it does not run as root)."""
+        self.sudo = True
 
 
 def _remote_env() -> dict[str, str]:
     """A UTF-8 locale, plus the engine's fault-injection hook when a test sets it."""
-    env = dict(REMOTE_ENV)
+    env = dict(wire.REMOTE_ENV)
     if os.environ.get("PATCHSET_TEST_CRASH_AT"):
         env["PATCHSET_TEST_CRASH_AT"] = os.environ["PATCHSET_TEST_CRASH_AT"]
     return env
-
-
-def _bundle(request: dict, files: dict[str, Path]) -> bytes:
-    """engine.py + request.json + patch files, as one tar."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
-        _add(tar, "engine.py", Path(engine.__file__).read_bytes())
-        _add(tar, "request.json", json.dumps(request).encode())
-        for name, source in sorted(files.items()):
-            _add(tar, name, Path(source).read_bytes())
-    return buffer.getvalue()
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o600
-    tar.addfile(info, io.BytesIO(data))

@@ -29,7 +29,9 @@ from typing import Any, Callable
 from patchset import validate
 from patchset.errors import PatchsetError, UsageError
 
-from patchset.redact import is_secret_name
+from patchset.agent import staleness
+from patchset.agent.facts.systemd import parse_env_file
+from patchset.agent.redact import is_secret_name
 
 ROLES = ("prefill", "decode", "router")
 SERVER_ROLES = ("prefill", "decode")
@@ -123,34 +125,6 @@ def env_value(value: str, what: str = "value") -> str:
     if _ENV_PLAIN.fullmatch(value):
         return value
     return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
-
-
-def parse_env_file(text: str) -> dict[str, str]:
-    """What systemd's EnvironmentFile= parser makes of `text` (the subset we write:
-    KEY=plain, KEY="double-quoted with \\ escapes", KEY='single', # comments)."""
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        key, _, rest = line.partition("=")
-        key, rest = key.strip(), rest.strip()
-        if rest.startswith('"'):
-            value, i = [], 1
-            while i < len(rest) and rest[i] != '"':
-                if rest[i] == "\\" and i + 1 < len(rest):
-                    nxt = rest[i + 1]
-                    value.append(nxt if nxt in '"\\`$' else "\\" + nxt)
-                    i += 2
-                    continue
-                value.append(rest[i])
-                i += 1
-            out[key] = "".join(value)
-        elif rest.startswith("'"):
-            out[key] = rest[1:rest.index("'", 1)]
-        else:
-            out[key] = re.sub(r"\\(.)", r"\1", rest)
-    return out
 
 
 def _describe(char: str) -> str:
@@ -444,8 +418,9 @@ def _connect_host(bind: str) -> str:
 
 
 def role_applied(applied: list[dict], role: str) -> list[dict]:
-    """The applied patches whose code runs in `role` (path role or both), in order."""
-    return [a for a in applied if a.get("path") in (role, "both")]
+    """The applied patches whose code runs in `role`, in order (the one rule:
+    patchset/agent/staleness.py)."""
+    return staleness.role_applied(applied, role)
 
 
 def patches_value(applied: list[dict], role: str) -> str:

@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from patchset import api, engine
+from patchset import api
+from patchset.agent import engine
+from patchset.transport import Transport
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
 from patchset.model import Series
 from patchset.selection import Plan, Selection
@@ -44,12 +46,12 @@ Say = Callable[[str], None]
 
 @dataclass
 class BisectHost:
-    """One host as the bisect drives it: queue transport, deploy channel, inventory host."""
+    """One host as the bisect drives it: its transport (apply, revert and deploy all go
+    through it) and its inventory entry."""
 
     series: Series
     host: Any                 # deploy.inventory.Host
-    transport: Any
-    channel: Any
+    transport: Transport
     source: str = "hosts.yaml"
     health_timeout: float | None = None
     on_event: Callable[[dict], None] | None = None
@@ -225,7 +227,7 @@ def _converge(t: BisectHost, bisect_id: str, applied: list[str],
     [result] = api.apply(t.series, selected, [t.transport], bisect=bisect_id)
     if not result.ok:
         raise TargetError(result.error or f"{t.host.name}: apply failed")
-    done = deploy_units(t.host, t.channel, t.tree, roles=t.roles, timeout=t.health_timeout,
+    done = deploy_units(t.host, t.transport, t.tree, roles=t.roles, timeout=t.health_timeout,
                   on_event=t.on_event, git_prefix=t.series.upstream.git_prefix,
                   package=t.series.upstream.name, source=t.source, bisect=bisect_id,
                   gates_off=frozenset(gates_off))
@@ -350,12 +352,10 @@ def restore_pending(t: BisectHost, say: Say) -> None:
 def bisect_host(series: Series, resolver: Any, spec: str,
                 health_timeout: float | None = None) -> BisectHost:
     """The host `spec` as a bisect drives it, through the command's host resolver
-    (deploy.resolve.Hosts): its inventory entry, queue transport and deploy channel."""
-    from deploy.deploy import channel_for
+    (deploy.resolve.Hosts): its inventory entry and transport."""
     host = resolver.inventory.resolve(spec)
     transport = resolver.transport(spec, provision_local=False)
     return BisectHost(series=series, host=host, transport=transport,
-                      channel=channel_for(transport),
                       source=resolver.inventory.path or "hosts.yaml",
                       health_timeout=health_timeout)
 
@@ -443,7 +443,7 @@ def _require_deployed(t: BisectHost) -> None:
     if not t.roles:
         raise UsageError(f"{t.host.name}: no prefill or decode role in hosts.yaml: nothing "
                          "serves the tree, so there is nothing to probe")
-    result = deploy_units(t.host, t.channel, t.tree, roles=t.roles, dry_run=True,
+    result = deploy_units(t.host, t.transport, t.tree, roles=t.roles, dry_run=True,
                     git_prefix=t.series.upstream.git_prefix, package=t.series.upstream.name,
                     source=t.source)
     off = [f"{r.unit} ({r.restart})" for r in result.roles if r.changed or r.restart]

@@ -7,19 +7,19 @@ Transports are passed in (patchset/ never imports deploy/).
 from __future__ import annotations
 
 import itertools
-import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import __version__, engine
+from . import __version__
+from .agent import engine
 from .errors import (BisectPending, Exit, HostUnreachable, LockedError, PatchsetError,
                      TargetError, UsageError)
 from .model import Patch, Series
 from .selection import Plan, Selection, plan
-from .transport import Transport
+from .transport import Transport, raise_for
 
 
 # ---------------------------------------------------------------- requests
@@ -54,19 +54,6 @@ def make_request(series: Series, op: str, patches: Iterable[Patch] = (),
     return request, files
 
 
-def raise_for(host: str, result: dict) -> dict:
-    """Turn an engine error record into the matching PatchsetError."""
-    if result.get("ok"):
-        return result
-    error = result.get("error") or {}
-    kinds = {"usage": UsageError, "locked": LockedError, "bisect_pending": BisectPending}
-    exc = kinds.get(error.get("kind"), TargetError)(f"{host}: {error.get('message')}")
-    exc.details = error.get("details") or ""  # type: ignore[attr-defined]
-    if isinstance(exc, BisectPending):
-        exc.record, exc.details = json.loads(exc.details or "{}"), ""
-    raise exc
-
-
 # ---------------------------------------------------------------- per-host results
 
 @dataclass
@@ -94,16 +81,16 @@ BaseProvider = Callable[[], "tuple[str, Path]"]   # -> (base commit, bundle file
 def _run_on(transport: Transport, request: dict, files: dict[str, Path],
             base_provider: BaseProvider | None = None) -> HostResult:
     try:
-        raw = transport.run_engine(request, files)
+        raw = transport.call(request, files)
         if (raw.get("error") or {}).get("kind") == "need_base" and base_provider:
             commit, bundle = base_provider()
             request = dict(request, base=dict(request.get("base") or {}, commit=commit))
-            raw = transport.run_engine(request, {**files, "base.bundle": bundle})
+            raw = transport.call(request, {**files, "base.bundle": bundle})
         result = raise_for(transport.host, raw)
     except (HostUnreachable, TargetError, UsageError) as exc:
         return HostResult(host=transport.host, ok=False, error=str(exc),
-                          details=getattr(exc, "details", ""), exit_code=exc.exit_code,
-                          bisect=getattr(exc, "record", None) or None)
+                          details=exc.details, exit_code=exc.exit_code,
+                          bisect=exc.record if isinstance(exc, BisectPending) else None)
     return HostResult(host=transport.host, ok=True, changed=result.get("changed", False),
                       target=result.get("target"), before=result.get("before", []),
                       after=result.get("after", []), head=result.get("head"),
@@ -129,8 +116,7 @@ def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: 
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
                                   lock_wait=lock_wait, base={"git": git_pin}, bisect=bisect)
     return on_hosts(transports, lambda t: _run_on(
-        t, dict(request, target=_target_of(t), provision=getattr(t, "provisions", False)),
-        files, base_provider))
+        t, dict(request, provision=t.provisions), files, base_provider))
 
 
 def revert(series: Series, names: list[str], transport: Transport, with_dependents: bool = False,
@@ -142,7 +128,7 @@ def revert(series: Series, names: list[str], transport: Transport, with_dependen
             raise UsageError(f"no patch named {name!r} in {series.manifest} (see `patchset list`)")
     request, files = make_request(series, "revert", names=names, with_dependents=with_dependents,
                                   lock_wait=lock_wait)
-    return _run_on(transport, dict(request, target=_target_of(transport)), files)
+    return _run_on(transport, request, files)
 
 
 def bisect_mark(series: Series, transport: Transport, bisect_id: str,
@@ -151,14 +137,12 @@ def bisect_mark(series: Series, transport: Transport, bisect_id: str,
     another bisect's record is there."""
     request, _ = make_request(series, "bisect-mark", record=record, bisect=bisect_id,
                               lock_wait=lock_wait)
-    raw = transport.run_engine(dict(request, target=_target_of(transport)), {})
-    return raise_for(transport.host, raw).get("bisect")
+    return raise_for(transport.host, transport.call(request)).get("bisect")
 
 
 def status(series: Series, transport: Transport) -> dict:
     request, files = make_request(series, "status")
-    raw = transport.run_engine(dict(request, target=_target_of(transport)), files)
-    result = raise_for(transport.host, raw)
+    result = raise_for(transport.host, transport.call(request, files))
     result.pop("ok", None)
     result["host"] = transport.host
     result["pinned_base"] = _pinned_summary(series, result)
@@ -178,10 +162,6 @@ def _pinned_summary(series: Series, result: dict) -> str:
     if not result.get("managed"):
         return f"not managed yet (apply checks it is {pin})"
     return f"{pin} (verified at first apply)"
-
-
-def _target_of(transport: Transport) -> str:
-    return str(getattr(transport, "target"))
 
 
 def has_findings(state: dict) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import api, interop, validate
 from .errors import UsageError
 from .model import Series
-from .transport import Transport
+from .transport import Transport, raise_for
 
 NAME = validate.PATCH_NAME       # the manifest's own name rule: shell-safe
 
@@ -47,8 +47,7 @@ def capture(series: Series, transport: Transport, meta: CaptureMeta, progress=No
     """Read the host's edits, verify them on the pin + series, write patch and entry."""
     check_meta(series, meta)
     request, files = api.make_request(series, "capture", lock_wait=lock_wait)
-    raw = transport.run_engine(dict(request, target=str(getattr(transport, "target"))), files)
-    found = api.raise_for(transport.host, raw)
+    found = raise_for(transport.host, transport.call(request, files))
     changed = found["files"]
     _check_pre_images(series, transport.host, changed)
     depends = _depends(series, found["applied"], set(changed))

@@ -50,9 +50,12 @@ class Exit(IntEnum):
 
 
 class PatchsetError(Exception):
-    """Root of every error the tool expects and reports in one line."""
+    """Root of every error the tool expects and reports in one line. `kind` and `details`
+    are the agent's, for an error that came from a host (patchset/transport.py)."""
 
     exit_code = Exit.FAILED
+    kind: str = ""
+    details: str = ""
 
 
 class ManifestError(PatchsetError):

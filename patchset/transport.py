@@ -1,21 +1,179 @@
-"""What the queue needs from a transport: run the engine on a request where the tree is.
+"""How the controller talks to a host: the Transport interface and the agent's shipping.
 
-Implementations live in deploy/ (local, SSH); patchset/ only knows this protocol, so the
-queue and engine never import the transports.
+patchset/ only knows this interface; the implementations are in deploy/ (local.py: a tree
+on this machine; ssh.py: a host over SSH) and tests/ (a fake). A transport owns the whole
+round trip: it ships the agent (one tar: the agent package, the request, the data files),
+runs it (as root through `sudo -n` once `elevate()` was called), streams its progress
+events to `on_event`, and maps what came back to the project's errors here, in
+`raise_for`: the one place a host failure becomes a PatchsetError.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Mapping, Protocol
+
+from .agent.protocol import PROTOCOL
+from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
+
+EventSink = Callable[[dict], None]
+AGENT_DIR = Path(__file__).resolve().parent / "agent"
+AGENT_NAME = "patchset_agent"       # the package's name on a host (never `patchset`)
+REMOTE_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+
+# The one bootstrap: unpack the bundle into the private directory it was uploaded to
+# (the tar `data` filter where Python has it; else only plain files and directories
+# inside the directory are accepted), run the agent, remove the directory.
+BOOTSTRAP = """\
+import os, runpy, shutil, sys, tarfile
+d = sys.argv[1]
+try:
+    with tarfile.open(os.path.join(d, "bundle.tar")) as t:
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(d, filter="data")
+        else:
+            for m in t.getmembers():
+                p = os.path.normpath(m.name)
+                if not (m.isfile() or m.isdir()) or p.startswith(("/", "..")):
+                    raise SystemExit("patchset: refusing bundle member %r" % m.name)
+            t.extractall(d)
+    sys.path.insert(0, d)
+    sys.dont_write_bytecode = True
+    sys.argv = ["patchset-agent", d]
+    runpy.run_module("patchset_agent", run_name="__main__", alter_sys=True)
+finally:
+    shutil.rmtree(d, ignore_errors=True)
+"""
 
 
 class Transport(Protocol):
-    host: str          # what the user typed (inventory name, user@host, localhost)
+    """One host as the controller sees it."""
 
-    def run_engine(self, request: dict, files: dict[str, Path]) -> dict:
-        """Ship `files` (bundle-relative name -> local path) and run the engine on `request`.
+    host: str              # what the user typed (inventory name, user@host, localhost)
+    target: str            # the SGLang tree's path on that host
+    provisions: bool       # may a missing tree be provisioned there from the pin?
+    round_trips: int       # agent runs so far (what the benchmarks count)
+    bytes_sent: int        # bundle bytes uploaded so far
 
-        Returns the engine's JSON result; raises HostUnreachable when the host is not there.
-        """
+    def call(self, request: dict, files: Mapping[str, Path] | None = None,
+             on_event: EventSink | None = None) -> dict:
+        """Run the agent on `request` (`target` and `protocol` are filled in) with `files`
+        (bundle name -> local path) beside it; its result, error results included.
+        Raises HostUnreachable when the host is not there, TargetError when the agent
+        gave no result."""
         ...
+
+    def elevate(self) -> None:
+        """Run the following calls as root (`sudo -n`); a no-op when already root."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def stamp(request: dict, target: str, python: str | None = None) -> dict:
+    """The request as sent: protocol version and tree path filled in."""
+    out = dict(request, protocol=PROTOCOL, target=target)
+    out.setdefault("tree", target)
+    if python:
+        out.setdefault("python", python)
+    return out
+
+
+def agent_files() -> dict[str, bytes]:
+    """The agent package, as bundle name -> content (AGENT_NAME/...)."""
+    out: dict[str, bytes] = {}
+    for path in sorted(AGENT_DIR.rglob("*.py")):
+        out[f"{AGENT_NAME}/{path.relative_to(AGENT_DIR).as_posix()}"] = path.read_bytes()
+    return out
+
+
+def bundle(request: dict, files: Mapping[str, Path] | None = None) -> bytes:
+    """The one transfer: the agent + request.json + the data files, gzipped."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for name, data in agent_files().items():
+            _add(tar, name, data)
+        _add(tar, "request.json", json.dumps(request).encode())
+        for name, source in sorted((files or {}).items()):
+            _add(tar, name, Path(source).read_bytes())
+    return buffer.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o600
+    tar.addfile(info, io.BytesIO(data))
+
+
+class LineSink:
+    """The agent's stdout as it comes: events go to `on_event`, the result line is kept,
+    anything else is kept for the error message."""
+
+    def __init__(self, on_event: EventSink | None) -> None:
+        self.on_event = on_event
+        self.buffer = ""
+        self.result: dict | None = None
+        self.other: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            self.line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buffer:
+            self.line(self.buffer)
+            self.buffer = ""
+
+    def line(self, line: str) -> None:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and isinstance(value.get("result"), dict):
+            self.result = value["result"]
+        elif isinstance(value, dict) and "event" in value:
+            if self.on_event:
+                self.on_event(value)
+        elif line.strip():
+            self.other.append(line)
+
+    def outcome(self, host: str, exited: int | None, stderr: str) -> dict:
+        """The result line, or TargetError saying why there is none."""
+        if self.result is None:
+            tail = (stderr.strip().splitlines() or self.other)[-3:]
+            raise TargetError(f"{host}: the agent exited {exited} without a result "
+                              f"({' / '.join(tail) or 'no output'}); is python3 >= 3.8 and "
+                              "git installed there?")
+        return self.result
+
+
+ERROR_KINDS: dict[str, type[PatchsetError]] = {
+    "usage": UsageError, "locked": LockedError, "bisect_pending": BisectPending}
+
+
+def raise_for(host: str, result: dict) -> dict:
+    """The one mapping of an agent error result to the project's errors: returns an ok
+    result, raises the error of its kind (TargetError for any other kind) otherwise.
+    The error keeps its kind (`exc.kind`) and details; BisectPending its record."""
+    if result.get("ok"):
+        return result
+    error = result.get("error") or {}
+    if not isinstance(error, dict):
+        error = {"kind": "target", "message": str(error)}
+    exc = ERROR_KINDS.get(error.get("kind"), TargetError)(f"{host}: {error.get('message')}")
+    exc.kind = str(error.get("kind") or "target")
+    exc.details = str(error.get("details") or "")
+    if isinstance(exc, BisectPending):
+        exc.record, exc.details = json.loads(exc.details or "{}"), ""
+    raise exc

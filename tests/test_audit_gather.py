@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from auditor import api, hostfacts, report
-from auditor.host import gather
-from auditor.remote import bundle, shipped_files
+from patchset.agent import gather
+from patchset.transport import AGENT_NAME, agent_files, bundle
 from tests.standin.install import install_standin_local
 
 SECRET, TOKEN = "sk-gather-0123456789abcdef", "hf_GatherTokenABCDEFGHIJ"
@@ -151,9 +151,9 @@ def test_audit_on_localhost_end_to_end(server, model) -> None:
 
 
 def test_bundle_holds_only_stdlib_modules() -> None:
-    files = shipped_files()
-    assert "auditor/host/gather.py" in files and "patchset/engine.py" in files
-    assert "auditor/facts/gpu.py" in files and "patchset/redact.py" in files
+    files = agent_files()
+    assert f"{AGENT_NAME}/gather.py" in files and f"{AGENT_NAME}/engine.py" in files
+    assert f"{AGENT_NAME}/facts/gpu.py" in files and f"{AGENT_NAME}/redact.py" in files
     for name, data in files.items():
         text = data.decode()
         for heavy in ("import yaml", "import jinja2", "import rich", "import typer",

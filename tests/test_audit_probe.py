@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from audit_facts import synth
+from faketransport import FakeTransport
 from hostutil import free_port
 
 from auditor import api, report
@@ -37,14 +38,16 @@ OPAQUE_KEY = "opaque-zebra-42-key"       # shaped like no known credential: only
 COMPARE = "run before and after each step above and compare"
 
 
-class Replay:
-    """A host whose gatherer answers with a fixture's facts (remote.gather_on's hook for
-    test doubles); counts gatherings, so bad input can be shown to stop before any."""
+class Replay(FakeTransport):
+    """A host whose agent answers the audit's gathering with a fixture's facts; counts
+    gatherings, so bad input can be shown to stop before any."""
 
     def __init__(self, desc: dict, series, host: str = HOST) -> None:
-        self.host, self.desc, self.series, self.gathered = host, desc, series, 0
+        super().__init__(host)
+        self.desc, self.series, self.gathered = desc, series, 0
 
-    def gather(self, request: dict) -> dict:
+    def answer(self, request: dict, on_event=None) -> dict:
+        assert request["op"] == "audit"
         self.gathered += 1
         return synth.gather_result(self.desc, self.series)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from auditor.facts.checkpoint import SafetensorsHeader
-from auditor.host.gather import Gatherer, Runner, read_header
-from patchset.redact import Redactor
+from patchset.agent.facts.checkpoint import SafetensorsHeader
+from patchset.agent.gather import Gatherer, Runner, read_header
+from patchset.agent.redact import Redactor
 
 
 class CountingFile(io.RawIOBase):

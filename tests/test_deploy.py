@@ -324,19 +324,19 @@ def test_a_tree_that_changed_since_render_or_is_locked_is_refused(one_host: Test
     import threading
     import time
 
-    from deploy import deploy as dep
+    from deploy.ssh import SshTransport
     deploy_env()
     prepare_tree(one_host, capsys, "--tier", "safe")
-    original = dep.SshChannel.run
+    original = SshTransport.call
 
-    def racing(self, request, on_event=None):        # an apply lands between the round trips
+    def racing(self, request, files=None, on_event=None):  # an apply lands in between
         if request["op"] == "deploy":
             on_host(one_host, f"echo >> {TREE}/.patchset/state.json")
-        return original(self, request, on_event)
+        return original(self, request, files, on_event)
 
-    monkeypatch.setattr(dep.SshChannel, "run", racing)
+    monkeypatch.setattr(SshTransport, "call", racing)
     code, _, err = cli(capsys, "deploy", one_host.name)
-    monkeypatch.setattr(dep.SshChannel, "run", original)
+    monkeypatch.setattr(SshTransport, "call", original)
     assert code == 4 and "changed since the units were rendered" in err and "run deploy again" in err
     assert set(files_on(one_host).values()) == {None}
 

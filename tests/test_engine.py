@@ -13,13 +13,14 @@ import pytest
 
 from deploy.local import LocalTransport
 from patchset import api
+from patchset import transport as wire
+from patchset.transport import raise_for
 from patchset.errors import LockedError
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan
 from patchset.upstream import materialize
 from seriesfactory import CHAT, DSV4, INDEXER
 
-ENGINE = Path(api.__file__).with_name("engine.py")
 TOUCHED = (CHAT, DSV4, INDEXER)
 
 
@@ -208,7 +209,7 @@ def test_locked_error_type(series, git_target: Path) -> None:
         fcntl.flock(handle, fcntl.LOCK_EX)
         request, files = api.make_request(series, "apply", series.patches[:1])
         with pytest.raises(LockedError):
-            api.raise_for("h", LocalTransport(git_target).run_engine(request, files))
+            raise_for("h", LocalTransport(git_target).call(request, files))
 
 
 # ---------------------------------------------------------------- kill -9 at every point
@@ -218,15 +219,13 @@ CRASH_POINTS = ["staged", "journal", "file:0", "file:1", "file:2", "ref", "state
 
 def run_engine_subprocess(series, target: Path, bundle: Path, selection: Selection,
                           crash: str | None) -> subprocess.CompletedProcess:
+    """The shipped path: the one bundle and the one bootstrap, as on a host."""
     chosen = plan(series, selection).patches
-    request, files = api.make_request(series, "apply", chosen, target=str(target))
+    request, files = api.make_request(series, "apply", chosen)
     bundle.mkdir(exist_ok=True)
-    for name, source in files.items():
-        (bundle / name).parent.mkdir(parents=True, exist_ok=True)
-        (bundle / name).write_bytes(source.read_bytes())
-    (bundle / "request.json").write_text(json.dumps(request))
+    (bundle / "bundle.tar").write_bytes(wire.bundle(wire.stamp(request, str(target)), files))
     env = dict(os.environ, PATCHSET_TEST_CRASH_AT=crash or "")
-    return subprocess.run([sys.executable, str(ENGINE), str(bundle)], env=env,
+    return subprocess.run([sys.executable, "-c", wire.BOOTSTRAP, str(bundle)], env=env,
                           capture_output=True, text=True)
 
 
@@ -263,11 +262,21 @@ def test_kill_at_any_point_then_status_and_apply(series, target: Path, tmp_path:
     assert not api.has_findings(api.status(series, LocalTransport(target)))
 
 
-def test_engine_is_stdlib_only() -> None:
-    """The engine ships to hosts with only python3 and git: no third-party imports."""
-    code = ("import sys, runpy; sys.path = [p for p in sys.path if 'site-packages' not in p]; "
-            f"runpy.run_path({str(ENGINE)!r}, run_name='engine_check')")
-    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+def test_engine_is_stdlib_only(tmp_path: Path) -> None:
+    """The agent ships to hosts with only python3 and git: no third-party imports, and no
+    import of patchset itself (on a host it is `patchset_agent`, alone on sys.path)."""
+    for name, data in wire.agent_files().items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    modules = sorted(n[:-3].replace("/", ".").removesuffix(".__init__")
+                     for n in wire.agent_files() if not n.endswith("__main__.py"))
+    code = ("import sys; sys.path = [p for p in sys.path if 'site-packages' not in p "
+            f"and p not in ('', '.')]; sys.path.insert(0, {str(tmp_path)!r}); "
+            f"import importlib; [importlib.import_module(m) for m in {modules!r}]; "
+            "assert not [m for m in sys.modules if m.split('.')[0] in "
+            "('patchset', 'auditor', 'deploy', 'isolate')], sorted(sys.modules)")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 

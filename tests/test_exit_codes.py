@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from auditor import remote
+from patchset import transport as wire
 from patchset.api import HostResult
 from patchset.errors import Exit
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("patchset", "deploy", "auditor")
-# Shipped to hosts as single files with only the standard library (deploy/ssh.py and
-# deploy/deploy.py bundles, auditor/remote.py SHIPPED): patchset.errors does not go with
-# them, so their process exit statuses stay literals.
-HOST_SHIPPED = {"patchset/engine.py", "deploy/unit_engine.py", "patchset/redact.py",
-                *remote.shipped_files()}
+# The agent, shipped to hosts with only the standard library (patchset/transport.py
+# `bundle`): patchset.errors does not go with it, so its process exit status (always 0:
+# the result is the JSON line) stays a literal.
+HOST_SHIPPED = {name.replace(wire.AGENT_NAME, "patchset/agent", 1) for name in wire.agent_files()}
 # What each code's README meaning (the main table) must say.
 WORDS = {Exit.OK: "done", Exit.FINDINGS: "findings", Exit.BAD_INPUT: "bad input",
          Exit.UNREACHABLE: "unreachable", Exit.FAILED: "refused", Exit.INTERNAL: "internal",
@@ -134,7 +133,7 @@ def literal_codes(rel: str, text: str) -> list[str]:
 def test_no_literal_exit_codes_in_product_modules() -> None:
     modules = product_modules()
     assert any(str(p).endswith("patchset/cli/app.py") for p in modules)
-    assert not any(str(p).endswith("patchset/engine.py") for p in modules)
+    assert not any(str(p).endswith("patchset/agent/engine.py") for p in modules)
     found = [line for path in modules
              for line in literal_codes(str(path.relative_to(ROOT)), path.read_text("utf-8"))]
     assert found == []

@@ -30,11 +30,15 @@ import yaml
 from audit_facts import synth
 
 from auditor import api, hostfacts
-from auditor.facts import procs
-from auditor.host import gather
-from patchset.redact import MARK, Redactor, redact_text, spellings
+from patchset.agent.facts import procs
+from patchset.agent import gather
+from patchset.agent.redact import MARK, Redactor, redact_text, spellings
 from deploy import deploy as dep
-from deploy import unit_engine, units
+from deploy.resolve import Hosts
+from patchset import transport as wire
+from faketransport import FakeTransport
+from deploy import units
+from patchset.agent import deployer
 from deploy.inventory import Host, load
 from patchset.cli import main
 from patchset.errors import ManifestError, TargetError, UsageError
@@ -261,13 +265,12 @@ def test_known_values_are_masked_in_any_spelling() -> None:
 
 # ---------------------------------------------------------------- deploy, scripted
 
-class ScriptedChannel:
+class ScriptedChannel(FakeTransport):
     def __init__(self, facts: dict, deploy: dict | None = None) -> None:
-        self.host, self.sudo, self.requests = "gpu1", False, []
+        super().__init__("gpu1")
         self.facts, self.deploy = facts, deploy
 
-    def run(self, request: dict, on_event=None) -> dict:
-        self.requests.append(request)
+    def answer(self, request: dict, on_event=None) -> dict:
         if request["op"] == "facts":
             return dict(self.facts, root=True)
         for event in self.deploy.get("events", []) if on_event else []:
@@ -414,7 +417,8 @@ def cli_env(series_dir: Path, patchset_home: Path, monkeypatch, tmp_path: Path):
         empty.write_text("")
         monkeypatch.setenv(name, str(empty))
     holder: dict = {}
-    monkeypatch.setattr(dep, "channel_for", lambda transport: holder["channel"])
+    monkeypatch.setattr(Hosts, "transport", lambda self, spec, provision_local=True:
+                        holder["channel"])
     return lambda channel: holder.__setitem__("channel", channel)
 
 
@@ -463,15 +467,15 @@ def runner_host(tmp_path: Path, monkeypatch):
     """The deploy runner with systemd and HTTP scripted: real files under tmp_path."""
     assert os.geteuid() == 0, ("the runner writes root-owned files: run the suite as root, "
                                "as make test does (the nspawn hosts need it too)")
-    monkeypatch.setattr(unit_engine, "RECORD_DIR", str(tmp_path / "record"))
-    monkeypatch.setattr(unit_engine, "verify", lambda roles, events: None)
-    monkeypatch.setattr(unit_engine, "show", lambda unit: {
+    monkeypatch.setattr(deployer, "RECORD_DIR", str(tmp_path / "record"))
+    monkeypatch.setattr(deployer, "verify", lambda roles, events: None)
+    monkeypatch.setattr(deployer, "show", lambda unit: {
         "ActiveState": "active", "UnitFileState": "enabled", "MainPID": "1", "NRestarts": "0"})
-    monkeypatch.setattr(unit_engine, "systemctl", lambda *a: None)
-    monkeypatch.setattr(unit_engine, "run", lambda args, timeout=0: subprocess.CompletedProcess(
+    monkeypatch.setattr(deployer, "systemctl", lambda *a: None)
+    monkeypatch.setattr(deployer, "run", lambda args, timeout=0: subprocess.CompletedProcess(
         args, 0, "", ""))
-    monkeypatch.setattr(unit_engine, "units_by_name", lambda target, state: {})
-    monkeypatch.setattr(unit_engine.engine, "refuse_during_bisect", lambda t, r: None)
+    monkeypatch.setattr(deployer, "units_by_name", lambda target, state: {})
+    monkeypatch.setattr(deployer.engine, "refuse_during_bisect", lambda t, r: None)
     state = tmp_path / "state.json"
     state.write_text('{"applied": []}')
     target = types.SimpleNamespace(root=tmp_path, state_file=state, state=lambda: {})
@@ -482,7 +486,7 @@ def runner_host(tmp_path: Path, monkeypatch):
             "env_text": f"HF_TOKEN={HF_TOKEN}\n", "config_text": f"api-key: {json.dumps(API_KEY)}\n",
             "effective": True, "health_url": "http://127.0.0.1:9/health", "health_timeout": 1}
     request = {"roles": {"decode": spec}, "redact": list(SECRETS), "tree": str(tmp_path),
-               "state_sha256": unit_engine.sha256(state.read_bytes())}
+               "state_sha256": deployer.sha256(state.read_bytes())}
     return types.SimpleNamespace(target=target, request=request, spec=spec, etc=etc,
                                  record=tmp_path / "record")
 
@@ -494,8 +498,8 @@ def mode_owner(path: str | Path) -> tuple[int, int, int]:
 
 def test_runner_writes_credentials_root_only_and_fixes_loose_modes(runner_host, monkeypatch) -> None:
     h = runner_host
-    monkeypatch.setattr(unit_engine, "wait_healthy", lambda *a: 0.1)
-    out = unit_engine._deploy_locked(h.request, h.target, unit_engine.Events(io.StringIO()))
+    monkeypatch.setattr(deployer, "wait_healthy", lambda *a: 0.1)
+    out = deployer._deploy_locked(h.request, h.target, deployer.Events(io.StringIO()))
     assert out["deployed"] and out["actions"]["decode"][:2] == ["installed", "restarted"]
     assert mode_owner(h.spec["config_path"]) == (0o600, 0, 0)
     assert mode_owner(h.spec["env_path"]) == (0o600, 0, 0)
@@ -505,16 +509,16 @@ def test_runner_writes_credentials_root_only_and_fixes_loose_modes(runner_host, 
     # Someone loosened the modes: the same content is rewritten 0600, without a restart.
     os.chmod(h.spec["config_path"], 0o644)
     os.chmod(h.spec["env_path"], 0o640)
-    assert {x["path"] for x in unit_engine.insecure(h.spec)} == {h.spec["config_path"],
+    assert {x["path"] for x in deployer.insecure(h.spec)} == {h.spec["config_path"],
                                                                 h.spec["env_path"]}
-    again = unit_engine._deploy_locked(dict(h.request, roles={"decode": dict(
-        h.spec, effective=False)}), h.target, unit_engine.Events(io.StringIO()))
+    again = deployer._deploy_locked(dict(h.request, roles={"decode": dict(
+        h.spec, effective=False)}), h.target, deployer.Events(io.StringIO()))
     assert again["actions"]["decode"] == ["installed"]
     assert mode_owner(h.spec["config_path"]) == (0o600, 0, 0)
     assert mode_owner(h.spec["env_path"]) == (0o600, 0, 0)
     # No credentials any more: the config file goes.
-    unit_engine._deploy_locked(dict(h.request, roles={"decode": dict(
-        h.spec, config_text=None)}), h.target, unit_engine.Events(io.StringIO()))
+    deployer._deploy_locked(dict(h.request, roles={"decode": dict(
+        h.spec, config_text=None)}), h.target, deployer.Events(io.StringIO()))
     assert not Path(h.spec["config_path"]).exists()
 
 
@@ -533,13 +537,13 @@ def test_runner_redacts_the_journal_and_rolls_the_config_back(runner_host, monke
         during["env"] = mode_owner(spec["env_path"])
         during["txn"] = mode_owner(h.record / "txn.json")
         during["record"] = mode_owner(h.record)[0]
-        raise unit_engine.Failure(role, spec["unit"], f"unhealthy with key {API_KEY}")
+        raise deployer.Failure(role, spec["unit"], f"unhealthy with key {API_KEY}")
 
-    monkeypatch.setattr(unit_engine, "wait_healthy", wait_healthy)
-    monkeypatch.setattr(unit_engine, "journal", lambda unit: [
+    monkeypatch.setattr(deployer, "wait_healthy", wait_healthy)
+    monkeypatch.setattr(deployer, "journal", lambda unit: [
         f"server_args=ServerArgs(api_key={API_KEY!r}, admin_api_key=None)",
         f"HF_TOKEN={HF_TOKEN}", f"raw {API_KEY} and {SERVICE_PASSWORD}", "a plain line"])
-    out = unit_engine._deploy_locked(h.request, h.target, unit_engine.Events(io.StringIO()))
+    out = deployer._deploy_locked(h.request, h.target, deployer.Events(io.StringIO()))
     assert during == {"config": (0o600, 0, 0), "env": (0o600, 0, 0), "txn": (0o600, 0, 0),
                       "record": 0o700}
     assert_clean(json.dumps(out), SECRETS)
@@ -550,14 +554,15 @@ def test_runner_redacts_the_journal_and_rolls_the_config_back(runner_host, monke
     assert Path(h.spec["env_path"]).read_text() == f"HF_TOKEN={OLD_HF}\n"
     assert mode_owner(h.spec["env_path"])[0] == 0o600               # restored root-only
     assert not (h.record / "txn.json").exists()
-    bad = unit_engine.execute({"op": f"nope {API_KEY}", "redact": [API_KEY]})
+    bad = deployer.execute({"op": f"nope {API_KEY}", "redact": [API_KEY]})
     assert_clean(json.dumps(bad), (API_KEY,)) and MARK in bad["error"]["message"]
 
 
 def test_the_bundle_ships_the_redactor() -> None:
     import tarfile
-    with tarfile.open(fileobj=io.BytesIO(dep.bundle({"op": "facts"}))) as tar:
-        assert {"engine.py", "unit_engine.py", "redact.py", "request.json"} <= set(tar.getnames())
+    with tarfile.open(fileobj=io.BytesIO(wire.bundle({"op": "facts"}))) as tar:
+        assert {f"{wire.AGENT_NAME}/{n}" for n in ("engine.py", "deployer.py", "redact.py")} \
+            | {"request.json"} <= set(tar.getnames())
         assert all(m.mode == 0o600 for m in tar.getmembers())
 
 

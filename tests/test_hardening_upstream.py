@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchset import engine, pinrules, upstream
+from patchset import pinrules, upstream
+from patchset.agent import engine
 from patchset.cli import main
 from patchset.errors import UpstreamError, UsageError
 from patchset.model import GitPin

@@ -11,9 +11,13 @@ from pathlib import Path
 import pytest
 
 from deploy import deploy as dep
-from deploy import unit_engine, units
+from deploy.local import LocalTransport
+from patchset import transport as wire
+from faketransport import FakeTransport
+from deploy import units
+from patchset.agent import deployer
 from deploy.inventory import Host, load
-from patchset import engine
+from patchset.agent import engine, staleness
 from patchset.cli import DeployView, main
 from patchset.errors import ManifestError, TargetError, UsageError
 
@@ -157,7 +161,7 @@ def test_gates_go_only_to_the_roles_whose_patches_run_there() -> None:
     assert env["decode"]["SPT_NOENV"] == env["prefill"]["SPT_NOENV"] == "1"   # audit reads children
     assert env["decode"]["PYTHONPATH"] == "/opt/sglang/python"
     assert "# gate of idx-c (applied, runs in decode)\nTRITON_INDEXER=1\n" in out["decode"].env_text
-    assert units.patches_value(APPLIED, "decode") == engine.role_patches_value(APPLIED, "decode")
+    assert units.patches_value(APPLIED, "decode") == " ".join(staleness.role_patch_ids(APPLIED, "decode"))
 
 
 def test_units_have_the_production_essentials() -> None:
@@ -252,7 +256,7 @@ def test_rendered_units_pass_systemd_analyze_verify_silently(tmp_path: Path) -> 
 
 def test_line_sink_splits_events_result_and_noise() -> None:
     got = []
-    sink = dep.LineSink(got.append)
+    sink = wire.LineSink(got.append)
     sink.write('{"event": "wait", "ro')
     sink.write('le": "decode"}\nnoise\n{"result": {"ok": true}}')
     sink.close()
@@ -265,7 +269,7 @@ def test_events_survive_a_closed_stdout() -> None:
         def write(self, text: str) -> int:
             raise BrokenPipeError
 
-    events = unit_engine.Events(Closed())
+    events = deployer.Events(Closed())
     events("step", message="x")
     events("step", message="y")
     assert events.alive is False
@@ -293,15 +297,14 @@ def test_unit_facts_find_the_units_serving_a_tree(tmp_path: Path, monkeypatch) -
 
 # ---------------------------------------------------------------- the library, scripted
 
-class ScriptedChannel:
-    """Answers the runner's ops from a script; records the requests."""
+class ScriptedChannel(FakeTransport):
+    """Answers the agent's unit ops from a script; records the requests."""
 
     def __init__(self, facts: dict, deploy: dict | None = None, root: bool = True) -> None:
-        self.host, self.sudo, self.requests = "gpu1", False, []
+        super().__init__("gpu1")
         self.facts, self.deploy, self.root = facts, deploy, root
 
-    def run(self, request: dict, on_event=None) -> dict:
-        self.requests.append(request)
+    def answer(self, request: dict, on_event=None) -> dict:
         if request["op"] == "facts":
             return dict(self.facts, root=self.root or self.sudo)
         for event in self.deploy.pop("events", []):
@@ -453,11 +456,11 @@ def test_the_runner_ships_as_a_bundle_and_reads_facts(tmp_path: Path) -> None:
     request = {"op": "facts", "tree": str(tree), "git_prefix": "python/", "package": "sglang",
                "roles": {"decode": {"unit": "sglang-decode.service", "unit_path": str(unit),
                                     "env_path": str(tmp_path / "decode.env")}}}
-    result = dep.LocalChannel().run(request)
+    result = LocalTransport(tree, in_process=False).call(request)
     assert result["ok"] and result["tree"]["layout"] == "wheel"
     assert result["tree"]["managed"] is False and result["interrupted"] is None
     assert result["roles"]["decode"]["unit_text"] == "[Service]\n"
     assert result["roles"]["decode"]["env_text"] is None
-    bad = dep.LocalChannel().run(dict(request, op="nope"))
+    bad = LocalTransport(tree, in_process=False).call(dict(request, op="nope"))
     assert bad == {"ok": False, "error": {"kind": "usage", "message": "unknown op 'nope'",
                                           "details": ""}}

@@ -13,7 +13,7 @@ from typing import Any
 
 from patchset.model import Series
 
-from ..facts.base import FactValue
+from patchset.agent.facts.base import FactValue
 from ..facttable import Context
 from ..model import Evidence, Finding, HostReport, PatchState, Server
 from ..policy import Policy

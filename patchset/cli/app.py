@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return code if isinstance(code, int) else Exit.OK
     except PatchsetError as exc:
         error_line(str(exc))
-        details = getattr(exc, "details", "")
+        details = exc.details
         if details:
             print(printable_block(details), file=sys.stderr)
         return exc.exit_code
@@ -370,7 +370,7 @@ def _usage_error(exc: BaseException) -> str | None:
 def _unexpected(exc: BaseException) -> int:
     """A bug: a short line here, the trace in a 0600 log; both redacted (an exception's
     message or a local in the trace may hold an API key or a token)."""
-    from ..redact import redact_text
+    from ..agent.redact import redact_text
 
     from ..paths import data_home
     log = data_home() / "debug.log"

@@ -27,7 +27,7 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
                inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
                as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Render the host's systemd units (gates from its tree), install, restart, wait."""
-    from deploy.deploy import channel_for, deploy_units
+    from deploy.deploy import deploy_units
     from isolate.bisect import run_restoring
     from ..selection import parse_names
     s = load(series)
@@ -36,7 +36,7 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
         transport = resolver.transport(host, provision_local=False)
         with DeployView(spec.name) as view:
             def run_once():
-                return deploy_units(spec, channel_for(transport), str(transport.target),
+                return deploy_units(spec, transport, str(transport.target),
                                     roles=list(parse_names(role)) or None, dry_run=dry_run,
                                     timeout=health_timeout, lock_wait=lock_wait,
                                     on_event=view.event, git_prefix=s.upstream.git_prefix,

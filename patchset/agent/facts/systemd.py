@@ -9,9 +9,10 @@ from typing import Any
 from .base import Command, Fact, Unavailable, ok_output
 
 SHOW_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID",
-                   "NRestarts", "ExecMainStartTimestampMonotonic", "FragmentPath",
-                   "DropInPaths", "NeedDaemonReload", "Environment", "EnvironmentFiles",
-                   "ExecStart", "LimitNOFILE", "TimeoutStartUSec", "ControlGroup", "User")
+                   "NRestarts", "ExecMainStartTimestampMonotonic", "ExecMainStatus",
+                   "ExecMainCode", "UnitFileState", "FragmentPath", "DropInPaths",
+                   "NeedDaemonReload", "Environment", "EnvironmentFiles", "ExecStart",
+                   "LimitNOFILE", "TimeoutStartUSec", "ControlGroup", "User")
 UNIT_PATTERN = "sglang*"
 
 
@@ -57,23 +58,40 @@ class UnitShow(Fact):
                                "-p", ",".join(SHOW_PROPERTIES), "--", unit))
 
     def process(self, raw: dict) -> dict:
-        props: dict[str, Any] = {}
-        files: list[tuple[str, bool]] = []
-        for line in ok_output(raw).splitlines():
-            key, sep, value = line.partition("=")
-            if not sep:
-                continue
-            if key == "EnvironmentFiles":
-                files += _environment_files(value)
-            else:
-                props[key] = value
+        props = parse_show(ok_output(raw))
         if props.get("LoadState") == "not-found":
             raise Unavailable(f"unit {props.get('Id', '?')} not found")
-        props["environment"] = parse_assignments(props.get("Environment", ""))
-        props["environment_files"] = files
-        props["exec_argv"] = _exec_argv(props.get("ExecStart", ""))
-        props["MainPID"] = int(props.get("MainPID") or 0)
         return props
+
+
+def parse_show(text: str) -> dict[str, Any]:
+    """The one parser of `systemctl show` output (the deploy runner and the engine's
+    `status` use it on the host, the audit on the controller)."""
+    props: dict[str, Any] = {}
+    files: list[tuple[str, bool]] = []
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        if key == "EnvironmentFiles":
+            files += _environment_files(value)
+        else:
+            props[key] = value
+    props["environment"] = parse_assignments(props.get("Environment", ""))
+    props["environment_files"] = files
+    props["exec_argv"] = _exec_argv(props.get("ExecStart", ""))
+    props["MainPID"] = int(props.get("MainPID") or 0) if str(props.get("MainPID") or "0") \
+        .isdigit() else 0
+    return props
+
+
+def main_started(props: dict[str, Any], now: float, monotonic: float) -> float | None:
+    """When the unit's main process started (epoch seconds), from systemd's
+    ExecMainStartTimestampMonotonic (CLOCK_MONOTONIC microseconds, Python's clock too)."""
+    value = str(props.get("ExecMainStartTimestampMonotonic") or "")
+    if not props.get("MainPID") or not value.isdigit() or int(value) == 0:
+        return None
+    return now - (monotonic - int(value) / 1e6)
 
 
 def _environment_files(value: str) -> list[tuple[str, bool]]:
@@ -133,31 +151,47 @@ class UnitFile(Fact):
 
 
 class EnvironmentFile(Fact):
-    """An EnvironmentFile= as systemd reads it -> {"values": {NAME: value}, "stat": ...}.
-
-    KEY=VALUE lines; `#`/`;` comments; single or double quotes removed (backslash escapes
-    inside double quotes); a trailing backslash continues the line.
-    """
+    """An EnvironmentFile= as systemd reads it -> {"values": {NAME: value}, "stat": ...}."""
 
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("read", target=path, limit=1 << 20)
 
     def process(self, raw: dict) -> dict:
-        text = ok_output(raw).replace("\\\n", "")
-        values: dict[str, str] = {}
-        for line in text.splitlines():
-            line = line.strip()
-            if not line or line[0] in "#;":
-                continue
-            name, sep, value = line.partition("=")
-            if not sep:
-                continue
-            values[name.strip()] = _unquote(value.strip())
-        return {"values": values, "stat": raw.get("stat")}
+        return {"values": parse_env_file(ok_output(raw)), "stat": raw.get("stat")}
 
 
-def _unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        inner = value[1:-1]
-        return re.sub(r"\\(.)", r"\1", inner) if value[0] == '"' else inner
-    return value
+def parse_env_file(text: str) -> dict[str, str]:
+    """What systemd's EnvironmentFile= parser makes of `text`: KEY=plain (a backslash
+    escapes the next character), KEY="double-quoted" (backslash escapes only `"\\`$`,
+    any other backslash is kept), KEY='single' (no escapes), `#`/`;` comment lines, a
+    trailing backslash continues the line. The one parser: deploy compares the env file
+    it renders with the installed one by it, the audit reads the installed one by it."""
+    out: dict[str, str] = {}
+    for raw in text.replace("\\\n", "").splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, sep, rest = line.partition("=")
+        if not sep:
+            continue
+        key, rest = key.strip(), rest.strip()
+        if rest.startswith('"') and '"' in rest[1:]:
+            out[key] = _double_quoted(rest)
+        elif rest.startswith("'") and "'" in rest[1:]:
+            out[key] = rest[1:rest.index("'", 1)]
+        else:
+            out[key] = re.sub(r"\\(.)", r"\1", rest)
+    return out
+
+
+def _double_quoted(rest: str) -> str:
+    value, i = [], 1
+    while i < len(rest) and rest[i] != '"':
+        if rest[i] == "\\" and i + 1 < len(rest):
+            nxt = rest[i + 1]
+            value.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+            i += 2
+            continue
+        value.append(rest[i])
+        i += 1
+    return "".join(value)

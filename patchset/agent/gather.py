@@ -19,196 +19,21 @@ import json
 import os
 import re
 import socket
-import struct
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-if __package__ in (None, ""):          # run as a file from the bundle
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
-
-from auditor.facts import checkpoint as ck
-from auditor.facts import gpu, http, procs, systemd, tree
-from auditor.facts.base import Command
-from patchset.redact import Redactor, is_secret_name
+from .facts import checkpoint as ck
+from .facts import gpu, http, procs, systemd, tree
+from .facts.base import Command
+from .redact import Redactor
+from .runner import HTTP_TIMEOUT, RUN_TIMEOUT, Runner, argv_of, environ_of, import_origin
 
 FORMAT = 1
 VERSION = "1"
-RUN_TIMEOUT = 30.0
-HTTP_TIMEOUT = 5.0
-HTTP_LIMIT = 8 << 20
 SERVER_MARK = "sglang.launch_server"
 ROUTER_MARK = "sglang_router.launch_router"
 DEFAULT_PORT = 30000
-
-
-# ---------------------------------------------------------------- primitives
-
-def read_header(handle: BinaryIO, size: int) -> tuple[int, dict, int]:
-    """Read a safetensors header from an open file: (N, header, bytes read).
-
-    Reads exactly 8 bytes, then exactly N: the cost is the header, not the file.
-    """
-    head = handle.read(8)
-    if len(head) != 8:
-        raise ValueError(f"file too short for a safetensors header ({len(head)} bytes)")
-    (length,) = struct.unpack("<Q", head)
-    if length > min(ck.MAX_HEADER, max(size - 8, 0)):
-        raise ValueError(f"header length {length} exceeds min(100 MB, file size - 8)")
-    body = handle.read(length)
-    if len(body) != length:
-        raise ValueError(f"header truncated: {len(body)} of {length} bytes")
-    header = json.loads(body.decode("utf-8"))
-    if not isinstance(header, dict):
-        raise ValueError("header is not a JSON object")
-    return length, header, len(head) + len(body)
-
-
-class Runner:
-    """Runs Commands and returns raw records; redacts everything it returns."""
-
-    def __init__(self, redactor: Redactor, run_timeout: float = RUN_TIMEOUT,
-                 http_timeout: float = HTTP_TIMEOUT) -> None:
-        self.red = redactor
-        self.run_timeout = run_timeout
-        self.http_timeout = http_timeout
-
-    def record(self, cmd: Command, start: float, **fields: Any) -> dict:
-        rec = {"kind": cmd.kind, "command": self.red.text(cmd.render()),
-               "duration_ms": round((time.monotonic() - start) * 1000, 2),
-               "exit_code": None, "stdout": "", "stderr": "", "error": None}
-        rec.update(fields)
-        return rec
-
-    def run(self, cmd: Command, timeout: float | None = None) -> dict:
-        start = time.monotonic()
-        env = dict(os.environ, LC_ALL="C.UTF-8", LANG="C.UTF-8")
-        env.pop("PYTHONPATH", None)
-        env.update(dict(cmd.env))
-        try:
-            proc = subprocess.run(list(cmd.argv), capture_output=True, cwd=cmd.cwd or None,
-                                  env=env, timeout=timeout or self.run_timeout,
-                                  stdin=subprocess.DEVNULL, check=False)
-        except FileNotFoundError:
-            return self.record(cmd, start, exit_code=127, stderr=f"{cmd.argv[0]}: not found")
-        except PermissionError as exc:
-            return self.record(cmd, start, exit_code=126, stderr=str(exc))
-        except subprocess.TimeoutExpired:
-            return self.record(cmd, start, error=f"timed out after {timeout or self.run_timeout:g}s")
-        except OSError as exc:
-            return self.record(cmd, start, error=f"{type(exc).__name__}: {exc}")
-        return self.record(cmd, start, exit_code=proc.returncode,
-                           stdout=self.red.text(proc.stdout.decode("utf-8", "replace")),
-                           stderr=self.red.text(proc.stderr.decode("utf-8", "replace")[-4000:]))
-
-    def read(self, cmd: Command, mode: str = "text", stat: bool = False) -> dict:
-        """mode: text | environ | cmdline | json (how to redact what was read)."""
-        start = time.monotonic()
-        try:
-            with open(cmd.target, "rb") as handle:
-                data = handle.read(cmd.limit or (1 << 20))
-                info = os.fstat(handle.fileno()) if stat else None
-        except OSError as exc:
-            return self.record(cmd, start, exit_code=exc.errno or 1,
-                               stderr=exc.strerror or str(exc))
-        text = data.decode("utf-8", "replace")
-        extra: dict[str, Any] = {}
-        if info is not None:
-            extra["stat"] = {"mode": f"{info.st_mode & 0o7777:04o}", "uid": info.st_uid,
-                             "gid": info.st_gid, "mtime": info.st_mtime, "size": info.st_size}
-        return self.record(cmd, start, exit_code=0, stdout=self.redact(text, mode), **extra)
-
-    def redact(self, text: str, mode: str) -> str:
-        if mode == "keys":     # a --config file: its top-level key names, never a value
-            return "\n".join(re.findall(r"(?m)^([A-Za-z0-9_][A-Za-z0-9_.-]*)[ \t]*:", text))
-        if mode == "environ":
-            out = []
-            for item in text.split("\0"):
-                name, sep, value = item.partition("=")
-                out.append(f"{name}={self.red.mask(value)}" if sep and value and
-                           is_secret_name(name) else self.red.text(item))
-            return "\0".join(out)
-        if mode == "cmdline":
-            return "\0".join(self.red.argv(text.split("\0")))
-        if mode == "json":
-            try:
-                return json.dumps(self.red.value(json.loads(text)))
-            except ValueError:
-                return self.red.text(text)
-        return self.red.text(text)
-
-    def http(self, cmd: Command, token: str | None = None) -> dict:
-        start = time.monotonic()
-        request = urllib.request.Request(cmd.target, headers={"Accept": "application/json"})
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=self.http_timeout) as resp:
-                body, status = resp.read(HTTP_LIMIT), resp.status
-        except urllib.error.HTTPError as exc:
-            body, status = exc.read(HTTP_LIMIT), exc.code
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return self.record(cmd, start, error=f"{cmd.target}: {reason}")
-        text = body.decode("utf-8", "replace")
-        return self.record(cmd, start, exit_code=0, status=status,
-                           stdout=self.redact(text, "json"))
-
-    def header(self, cmd: Command, wanted: set[str]) -> dict:
-        start = time.monotonic()
-        try:
-            size = os.stat(cmd.target).st_size
-            with open(cmd.target, "rb") as handle:
-                length, header, read = read_header(handle, size)
-        except OSError as exc:
-            return self.record(cmd, start, exit_code=exc.errno or 1,
-                               stderr=exc.strerror or str(exc))
-        except ValueError as exc:
-            return self.record(cmd, start, error=f"{cmd.target}: {exc}")
-        picked = {k: {"dtype": v.get("dtype"), "shape": v.get("shape")}
-                  for k, v in header.items() if k in wanted and isinstance(v, dict)}
-        return self.record(cmd, start, exit_code=0, stdout=json.dumps(picked),
-                           header_len=length, bytes_read=read, file_size=size,
-                           tensors_in_header=len(header) - ("__metadata__" in header))
-
-    def scan(self, cmd: Command) -> dict:
-        """Processes mentioning sglang and all their descendants, from /proc."""
-        start = time.monotonic()
-        table: dict[int, tuple[int, int, str]] = {}
-        for entry in os.listdir(cmd.target):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(cmd.target, entry, "stat").read_text()
-                argv = Path(cmd.target, entry, "cmdline").read_bytes()
-            except OSError:
-                continue
-            fields = stat.rpartition(")")[2].split()
-            args = " ".join(self.red.argv(argv.decode("utf-8", "replace").rstrip("\0")
-                                          .split("\0")))
-            table[int(entry)] = (int(fields[1]), int(fields[19]), args)
-        keep = {pid for pid, (_, _, args) in table.items() if "sglang" in args}
-        changed = True
-        while changed:
-            more = {pid for pid, (ppid, _, _) in table.items() if ppid in keep} - keep
-            keep |= more
-            changed = bool(more)
-        lines = [f"{pid}\t{table[pid][0]}\t{table[pid][1]}\t{table[pid][2]}"
-                 for pid in sorted(keep)]
-        return self.record(cmd, start, exit_code=0, stdout="\n".join(lines))
-
-    def engine(self, cmd: Command, request: dict) -> dict:
-        start = time.monotonic()
-        try:
-            from patchset import engine
-            result = engine.run(request)
-        except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
-            return self.record(cmd, start, error=f"engine status failed: {exc}")
-        return self.record(cmd, start, exit_code=0, data=self.red.value(result))
 
 
 # ---------------------------------------------------------------- the chain
@@ -273,8 +98,8 @@ class Gatherer:
     def server(self, proc: dict, table: list[dict]) -> dict:
         pid = proc["pid"]
         kind = "router" if ROUTER_MARK in proc["args"] else "server"
-        argv = _argv_of(pid)
-        environ = _environ_of(pid)
+        argv = argv_of(pid, self.r)
+        environ = environ_of(pid, self.r, unredacted=True) or {}
         rec: dict[str, Any] = {
             "pid": pid, "kind": kind,
             "stat": self.r.read(procs.ProcStat().command(pid=pid)),
@@ -307,10 +132,9 @@ class Gatherer:
         rec["server_info"] = self.http_first(http.ServerInfo(), base, token)
         rec["model_info"] = self.http_first(http.ModelInfo(), base, token)
         rec["health"] = self.r.http(http.Health().command(base=base), token)
-        rec["imports"] = self.r.run(tree.ImportOrigin().command(
-            python=_interpreter(argv, rec["exe"], environ), cwd=rec["cwd"] or "",
-            pythonpath=environ.get("PYTHONPATH"), package=self.req.get("package", "sglang")),
-            timeout=60)
+        rec["imports"], _ = import_origin(
+            _interpreter(argv, rec["exe"], environ), self.req.get("package", "sglang"),
+            cwd=rec["cwd"] or "", pythonpath=environ.get("PYTHONPATH"), runner=self.r)
         info = http.ServerInfo().collect(rec["server_info"]).value or {}
         rec["model"] = info.get("model_path") or _flag(argv, "--model-path") or \
             _flag(argv, "--model")
@@ -440,22 +264,6 @@ def _descendants(pid: int, table: list[dict]) -> list[dict]:
     return out
 
 
-def _argv_of(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace") \
-            .rstrip("\0").split("\0")
-    except OSError:
-        return []
-
-
-def _environ_of(pid: int) -> dict[str, str]:
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
-    except OSError:
-        return {}
-    return dict(item.partition("=")[::2] for item in data.split("\0") if "=" in item)
-
-
 def _interpreter(argv: list[str], exe: str | None, environ: dict[str, str]) -> str:
     """The interpreter as the server was started: argv[0], not /proc/PID/exe, because a
     venv's python is a symlink and only its own path activates the venv."""
@@ -532,15 +340,3 @@ def run(request: dict) -> dict:
         import traceback
         return {"ok": False, "format": FORMAT, "error": f"{type(exc).__name__}: {exc}",
                 "trace": Redactor().text(traceback.format_exc()[-4000:])}
-
-
-def main(argv: list[str]) -> int:
-    """`python3 gather.py BUNDLE_DIR`: reads BUNDLE_DIR/request.json, prints one JSON line."""
-    bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
-    request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
-    sys.stdout.write(json.dumps(run(request)) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,9 +1,10 @@
 """The engine: changes one SGLang tree, on the machine where the tree is.
 
-Standard library only: the controller ships this file (with the selected patch files and
-a JSON request) to GPU hosts that have just python3 and git, runs it there and reads one
-JSON object back; the local transport calls `run()` directly. Keeping the whole
-transaction on the host is what makes it atomic and one round trip.
+Standard library only, part of the agent (patchset/agent/): the controller ships the agent
+with the selected patch files and a JSON request to GPU hosts that have just python3 and
+git, runs it there and reads one result back; the local transport calls `run()` in this
+process. Keeping the whole transaction on the host is what makes it atomic and one round
+trip.
 
 A transaction never touches the tree until the result is fully built off to the side:
   1. lock the target; finish any transaction a kill interrupted (journal roll-forward);
@@ -30,11 +31,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from . import runner, staleness
+from .facts import systemd
 
 STATE_FORMAT = 1
 META = ".patchset"
@@ -834,31 +837,20 @@ def _file_diff(path: str, old: bytes | None, new: bytes | None, mode: str) -> st
 # ---------------------------------------------------------------- units serving the tree
 
 UNIT_MARK = re.compile(r"^X-Patchset-(Tree|Role)=(.*)$", re.M)
-UNIT_PROPS = ("ActiveState", "SubState", "MainPID", "ExecMainStartTimestampMonotonic",
-              "NRestarts", "NeedDaemonReload", "UnitFileState")
-
-
-def role_patches_value(applied: list[dict], role: str) -> str:
-    """`name:sha12 ...` of the applied patches whose code runs in `role` (path role or
-    both): what deploy puts in PATCHSET_PATCHES, so a process's environ says what it runs."""
-    return " ".join(f"{a['name']}:{str(a.get('sha256'))[:12]}" for a in applied
-                    if a.get("path") in (role, "both"))
 
 
 def unit_facts(target: Target, state: dict | None) -> list[dict]:
     """The systemd units that serve this tree (`X-Patchset-Tree=` in the unit, written by
-    `patchset deploy`), and whether each still runs the tree as it is now.
-
-    Stale: the main process started before the tree last changed (state.json's mtime)
-    and the patches it was started with (PATCHSET_PATCHES in /proc/PID/environ) are not
-    the ones the state now gives its role (unknown environ counts as different)."""
+    `patchset deploy`), and whether each still runs the tree as it is now: an active
+    unit is judged by the one staleness rule (staleness.judge), from the unit's main
+    process start and PATCHSET_PATCHES, read with the one systemctl and environ reader."""
     unit_dir = Path(os.environ.get("PATCHSET_UNIT_DIR", "/etc/systemd/system"))
     try:
         files = sorted(unit_dir.glob("*.service"))
     except OSError:
         return []
-    changed = target.state_file.stat().st_mtime if target.state_file.exists() else None
     applied = (state or {}).get("applied", [])
+    updated = (state or {}).get("updated")
     out = []
     for path in files:
         try:
@@ -868,48 +860,28 @@ def unit_facts(target: Target, state: dict | None) -> list[dict]:
         tree = marks.get("Tree", "").strip()
         if not tree or Path(tree).resolve() != target.root:
             continue
-        role = marks.get("Role", "").strip()
-        show = _systemctl_show(path.name)
-        pid = int(show.get("MainPID") or 0)
-        started = _mono_to_epoch(show.get("ExecMainStartTimestampMonotonic")) if pid else None
-        running = _environ_of(pid).get("PATCHSET_PATCHES") if pid else None
-        now = role_patches_value(applied, role)
-        stale = bool(show.get("ActiveState") == "active" and started is not None
-                     and changed is not None and started < changed and running != now)
-        out.append({
-            "unit": path.name, "role": role, "path": str(path),
-            "active": show.get("ActiveState"), "sub": show.get("SubState"), "main_pid": pid,
-            "started": _iso(started), "tree_changed": _iso(changed),
-            "running_patches": running, "patches": now, "stale": stale,
-            "need_daemon_reload": show.get("NeedDaemonReload") == "yes",
-            "enabled": show.get("UnitFileState"),
-        })
+        out.append(_unit_fact(path, marks.get("Role", "").strip(), applied, updated))
     return out
 
 
-def _systemctl_show(unit: str) -> dict[str, str]:
-    args = ["systemctl", "show", *(f"--property={p}" for p in UNIT_PROPS), "--", unit]
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-
-
-def _mono_to_epoch(value: str | None) -> float | None:
-    """systemd's CLOCK_MONOTONIC microseconds -> epoch seconds (same clock as Python's)."""
-    if not value or not value.isdigit() or int(value) == 0:
-        return None
-    return time.time() - (time.monotonic() - int(value) / 1e6)
-
-
-def _environ_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.decode(errors="replace").split("=", 1) for item in raw.split(b"\0")
-                if b"=" in item)
+def _unit_fact(path: Path, role: str, applied: list[dict], updated: str | None) -> dict:
+    show = runner.unit_show(path.name)
+    pid = show.get("MainPID") or 0
+    started = systemd.main_started(show, time.time(), time.monotonic())
+    environ = runner.environ_of(pid) if pid else None
+    running = environ.get(staleness.PATCHES_VAR) if environ is not None else None
+    stale, why = staleness.judge(started, running, applied, updated, role, pid)
+    active = show.get("ActiveState") == "active"
+    return {
+        "unit": path.name, "role": role, "path": str(path),
+        "active": show.get("ActiveState"), "sub": show.get("SubState"), "main_pid": pid,
+        "started": _iso(started), "tree_changed": updated,
+        "running_patches": running,
+        "patches": " ".join(staleness.role_patch_ids(applied, role)),
+        "stale": bool(active and stale), "stale_reason": why if active else "not running",
+        "need_daemon_reload": show.get("NeedDaemonReload") == "yes",
+        "enabled": show.get("UnitFileState"),
+    }
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -918,26 +890,16 @@ def _iso(epoch: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
 
 
-FIND_SPEC = ("import importlib.util as u, json, sys; s = u.find_spec(sys.argv[1]); "
-             "print(json.dumps({'origin': s.origin if s else None, "
-             "'version': sys.version.split()[0]}))")
-
-
 def interpreter_facts(target: Target, python: str | None) -> dict | None:
-    """Which tree does the SGLang interpreter really import? (Without importing it.)"""
+    """Which tree does the SGLang interpreter really import? (find_spec, never an import:
+    the one reader, runner.import_origin, that the audit uses for each server too.)"""
     if not python:
         return None
-    package = target.package
-    try:
-        proc = subprocess.run([python, "-c", FIND_SPEC, package], capture_output=True,
-                              text=True, timeout=60, env=dict(os.environ, PYTHONSAFEPATH="1"))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"python": python, "imports": None, "managed": None, "error": str(exc)}
-    if proc.returncode != 0:
-        return {"python": python, "imports": None, "managed": None,
-                "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-    origin = json.loads(proc.stdout)["origin"]
-    managed_dir = target.disk(target.prefix + package)
+    raw, value = runner.import_origin(python, target.package)
+    if not value.known:
+        return {"python": python, "imports": None, "managed": None, "error": value.reason}
+    origin = value.value["origin"]
+    managed_dir = target.disk(target.prefix + target.package)
     managed = bool(origin) and Path(origin).resolve().parent == managed_dir.resolve()
     return {"python": python, "imports": origin, "managed": managed,
             "expected": str(managed_dir / "__init__.py")}
@@ -1043,16 +1005,3 @@ def run(request: dict, bundle: str | Path = ".") -> dict:
         return {"ok": False, "error": {"kind": "target", "details": "",
                                        "message": f"{exc.strerror or exc}{where}; a journal, if "
                                        "written, lets the next command finish"}}
-
-
-def main(argv: list[str]) -> int:
-    """`python3 engine.py BUNDLE_DIR`: reads BUNDLE_DIR/request.json, prints the result."""
-    bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
-    request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
-    json.dump(run(request, bundle), sys.stdout)
-    sys.stdout.write("\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

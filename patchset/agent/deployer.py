@@ -1,8 +1,9 @@
 """The deploy runner: installs and restarts the SGLang units, on the host they run on.
 
-Standard library only. The controller ships it with the engine (it reuses the engine's
-Target, lock and unit facts) and the rendered unit and env files in one tar, runs
-`python3 unit_engine.py BUNDLE_DIR`, and reads JSON lines back: progress events
+Standard library only, part of the agent (patchset/agent/): it reuses the engine's
+Target, lock and unit facts, and reads a unit's state with the one systemctl reader
+(runner.unit_show). The controller ships the agent and the request with the rendered
+unit and env files in one tar and reads JSON lines back: progress events
 (`{"event": ...}`) while it works, then one `{"result": ...}`. The whole transaction,
 rollback included, happens here, so a dropped SSH connection cannot leave it half done
 (SIGHUP is ignored and a closed stdout only stops the events).
@@ -20,20 +21,17 @@ A server role's credentials are in ENV_DIR/ROLE.secrets.yaml (SGLang's `--config
 the env file are written 0600 root:root, atomically; one found with another mode or owner
 is rewritten. The transaction record holds the previous files, so it is 0600 too.
 Everything the runner reports (journal lines, errors) is redacted here first, with the
-secrets the controller names in the request (patchset/redact.py, shipped alongside).
+secrets the controller names in the request (redact.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -41,21 +39,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
-
-def _shipped(file: str, package: str, module: str):
-    """A module shipped next to this file in the bundle, else the package's (tests)."""
-    shipped = Path(__file__).resolve().parent / file
-    if not shipped.is_file():
-        return importlib.import_module(f"{package}.{module}")
-    spec = importlib.util.spec_from_file_location(f"patchset_shipped_{module}", shipped)
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded
-    spec.loader.exec_module(loaded)
-    return loaded
+from . import engine, redact
+from .protocol import Events
+from .runner import unit_show as show
 
 
-engine = _shipped("engine.py", "patchset", "engine")
-redact = _shipped("redact.py", "patchset", "redact")
 SECRET_MODE = 0o600
 
 EngineError = engine.EngineError
@@ -66,26 +54,6 @@ POLL_S = 1.0          # /health poll interval
 POLL_FAST_S = 0.2     # ... during the first FAST_FOR_S seconds (a quick restart)
 FAST_FOR_S = 5.0
 SYSTEMCTL_TIMEOUT = 120
-
-
-class Events:
-    """JSON lines on stdout; a closed stdout (SSH gone) stops the events, not the work."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream or sys.stdout
-        self.alive = True
-
-    def __call__(self, event: str, **data: Any) -> None:
-        self.line({"event": event, **data})
-
-    def line(self, value: dict) -> None:
-        if not self.alive:
-            return
-        try:
-            self.stream.write(json.dumps(value, sort_keys=True) + "\n")
-            self.stream.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            self.alive = False
 
 
 # ---------------------------------------------------------------- small helpers
@@ -150,13 +118,6 @@ def remove_file(path: str) -> None:
 
 def sha256(data: bytes | None) -> str:
     return hashlib.sha256(data or b"").hexdigest()
-
-
-def show(unit: str) -> dict[str, str]:
-    props = ("ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus",
-             "ExecMainCode", "UnitFileState", "LoadState")
-    proc = run(["systemctl", "show", *(f"--property={p}" for p in props), "--", unit])
-    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
 
 
 def journal(unit: str, lines: int = JOURNAL_LINES) -> list[str]:
@@ -455,7 +416,8 @@ def verify(roles: dict, events: Events) -> None:
     events("step", message=f"systemd-analyze verify: {len(roles)} unit(s) clean")
 
 def wait_healthy(role: str, spec: dict, events: Events, phase: str) -> float:
-    """Poll /health until 200; fail fast when the unit stops or restarts; then timeout."""
+    """Poll /health until 200; fail fast when the unit stops or restarts; then timeout.
+    (MainPID is an int: runner.unit_show parses it.)"""
     unit, url, timeout = spec["unit"], spec["health_url"], float(spec["health_timeout"])
     start = time.monotonic()
     first = show(unit)
@@ -475,7 +437,7 @@ def wait_healthy(role: str, spec: dict, events: Events, phase: str) -> float:
         state = st.get("ActiveState")
         if (state in ("failed", "inactive", "deactivating") or st.get("SubState") == "auto-restart"
                 or int(st.get("NRestarts") or 0) > restarts0
-                or (st.get("MainPID") not in (pid0, "0") and pid0 != "0")):
+                or (st.get("MainPID") not in (pid0, 0) and pid0 != 0)):
             code = st.get("ExecMainStatus")
             raise Failure(role, unit, f"{unit} stopped while starting ({state}/"
                           f"{st.get('SubState')}, result {st.get('Result')}, exit status "
@@ -571,17 +533,3 @@ def execute(request: dict, events: Events | None = None) -> dict:
         red = redactor(request)
         return {"ok": False, "error": {"kind": exc.kind, "message": red.text(str(exc)),
                                        "details": red.text(exc.details or "")}}
-
-
-def main(argv: list[str]) -> int:
-    """`python3 unit_engine.py BUNDLE_DIR`: JSON-line events, then {"result": ...}."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
-    request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
-    events = Events()
-    events.line({"result": execute(request, events)})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

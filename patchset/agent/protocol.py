@@ -1,0 +1,51 @@
+"""The agent's wire protocol: one JSON request in, JSON lines out (events, then one result).
+
+Versioned: the controller stamps `protocol` in every request; an agent of another version
+refuses it (kind `protocol`) instead of guessing, so a stale copy can never half-run a
+newer request. Out: zero or more `{"event": ...}` progress lines, then exactly one
+`{"result": {...}, "protocol": N}` line. A result is `{"ok": true, ...}` or
+`{"ok": false, "error": {"kind", "message", "details"}}`; the controller maps the kinds to
+its errors in one place (patchset/transport.py, `raise_for`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+PROTOCOL = 1
+
+
+def error(kind: str, message: str, details: str = "") -> dict:
+    """The one shape of a failed result."""
+    return {"ok": False, "error": {"kind": kind, "message": message, "details": details}}
+
+
+def result_line(result: dict) -> str:
+    return json.dumps({"result": result, "protocol": PROTOCOL}, sort_keys=True)
+
+
+class Events:
+    """JSON lines on stdout; a closed stdout (SSH gone) stops the events, not the work.
+    In-process (a local transport), `sink` receives each event instead."""
+
+    def __init__(self, stream: Any = None, sink: Callable[[dict], None] | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.sink = sink
+        self.alive = True
+
+    def __call__(self, event: str, **data: Any) -> None:
+        self.line({"event": event, **data})
+
+    def line(self, value: dict) -> None:
+        if not self.alive:
+            return
+        if self.sink is not None:
+            self.sink(value)
+            return
+        try:
+            self.stream.write(json.dumps(value, sort_keys=True) + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.alive = False

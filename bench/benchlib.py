@@ -1,4 +1,4 @@
-"""Shared pieces of bench/benchmark.py: a result row, the timing loop, ratios, subprocess."""
+"""Shared pieces of bench/benchmark.py: a result row, the timing loops, ratios, subprocess."""
 
 from __future__ import annotations
 
@@ -36,6 +36,23 @@ def measure(runs: int, setup: Callable[[], Any], work: Callable[[Any], Any]) -> 
     return statistics.median(times), min(times), max(times)
 
 
+def paired(runs: int, cases: list[tuple[Callable[[], Any], Callable[[Any], Any]]]
+           ) -> list[Stats]:
+    """Median/min/max seconds of each case's `work(setup())`, the cases taking turns in
+    every round (the order flips from round to round): on a shared machine a load that
+    comes and goes then falls on all of them alike, so their ratio means something. Setup
+    is not timed."""
+    times: list[list[float]] = [[] for _ in cases]
+    for number in range(runs):
+        order = list(enumerate(cases))
+        for index, (setup, work) in (order if number % 2 == 0 else order[::-1]):
+            arg = setup()
+            start = time.perf_counter()
+            work(arg)
+            times[index].append(time.perf_counter() - start)
+    return [spread(t) for t in times]
+
+
 def spread(values: list[float]) -> Stats:
     return statistics.median(values), min(values), max(values)
 
@@ -64,9 +81,27 @@ def verdict(ok: bool, target: str) -> str:
     return f"target {target}: {'MET' if ok else 'NOT MET'}"
 
 
-def run(argv: list[str], cwd: Path, env: dict | None = None) -> str:
+def run(argv: list[str], cwd: Path, env: dict[str, str | None] | None = None) -> str:
+    """`argv`'s stdout; its failure ends the benchmark. `env` is added to this process's
+    environment; a None value removes that variable."""
+    merged = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False,
-                          env=dict(os.environ, **(env or {})))
+                          env=merged)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {proc.stderr.strip()[-400:]}")
     return proc.stdout
+
+
+def bytecode_cached(scratch: Path) -> dict[str, str | None]:
+    """The environment for timing `python -m patchset.cli` as a process: its bytecode cached
+    under `scratch` even where PYTHONDONTWRITEBYTECODE is set (as in this repository's test
+    environment). An installed patchset has its .pyc from pip; a checkout run without a
+    cache compiles each of its own modules again on every run (25 ms of `list`), a cost no
+    user of the command pays. Time such a process only after one untimed run has filled
+    the cache."""
+    return {"PYTHONPYCACHEPREFIX": str(scratch / "pycache"), "PYTHONDONTWRITEBYTECODE": None}

@@ -108,26 +108,31 @@ def _check_bounds(text: str, file: str) -> None:
     nesting depth, and the node count with every alias expanded."""
     sizes: dict[str, int] = {}
     stack: list[list] = [[None, 0]]          # [anchor, nodes so far] per open collection
+    total = 0       # the sum of the stack's counts, kept as it changes (not re-summed per event)
     for event in yaml.parse(text, Loader=_BASE):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             stack.append([event.anchor, 1])
+            total += 1
             if len(stack) - 1 > MAX_DEPTH:
                 raise _bound(file, event, f"nested deeper than {MAX_DEPTH} levels")
             continue
         if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            anchor, count = stack.pop()
+            anchor, count = stack.pop()      # its nodes move to the parent: total unchanged
             if anchor:
                 sizes[anchor] = count
             stack[-1][1] += count
         elif isinstance(event, yaml.AliasEvent):
-            stack[-1][1] += sizes.get(event.anchor, 1)
+            added = sizes.get(event.anchor, 1)
+            stack[-1][1] += added
+            total += added
         elif isinstance(event, yaml.ScalarEvent):
             stack[-1][1] += 1
+            total += 1
             if event.anchor:
                 sizes[event.anchor] = 1
         else:
             continue
-        if sum(level[1] for level in stack) > MAX_NODES:
+        if total > MAX_NODES:
             raise _bound(file, event, f"expands to more than {MAX_NODES} nodes (aliases "
                          "included)")
 

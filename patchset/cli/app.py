@@ -7,23 +7,36 @@ paramiko) are imported only inside the commands that need them.
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
 import sys
 import traceback
+import types
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
+import typer.main
 
 from .. import validate
 from ..errors import Exit, PatchsetError, UsageError
-from ..model import Series
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
-                  help="A quilt-style patch queue for SGLang: strict series, atomic apply, "
-                       "exact revert, status and drift.")
+if TYPE_CHECKING:              # annotations only: --help never needs the data model
+    from ..model import Series
+
+
+def new_app() -> typer.Typer:
+    """The one Typer configuration: `app` (where the command modules register their
+    commands) and the one-command tree `command_tree` builds are both made here, so they
+    parse, render and fail alike."""
+    return typer.Typer(add_completion=False, no_args_is_help=False,
+                       pretty_exceptions_enable=False,
+                       help="A quilt-style patch queue for SGLang: strict series, atomic "
+                            "apply, exact revert, status and drift.")
+
+
+app = new_app()
 
 SeriesOpt = typer.Option(None, "--series", help="patches.yaml to use "
                          "[default: ./patches.yaml or $PATCHSET_SERIES]")
@@ -92,6 +105,7 @@ def host_error(host: str, error: str) -> None:
 
 
 def emit_json(value: Any) -> None:
+    import json                # only --json output needs it
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -269,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         check_arguments(args)
         if not args:
             raise UsageError("no command given (see `patchset --help` for the commands)")
-        code = app(args=args, prog_name="patchset", standalone_mode=False)
+        if "--help" in args:
+            import_help_renderer()
+        code = command_tree(args)(args=args, prog_name="patchset", standalone_mode=False)
         return code if isinstance(code, int) else Exit.OK
     except PatchsetError as exc:
         error_line(str(exc))
@@ -298,6 +314,105 @@ def main(argv: list[str] | None = None) -> int:
             error_line(usage)
             return Exit.BAD_INPUT
         return _unexpected(exc)
+
+
+def command_tree(args: list[str]) -> typer.core.TyperGroup:
+    """The click group that parses `args` (typer's TyperGroup; its click is typer's own).
+
+    typer turns every registered command into a click command before it parses anything
+    (each signature inspected, one click parameter per option: about 5 ms for the 20
+    commands), and `patchset CMD ...` runs only CMD. So when the first argument names a
+    command, the group holds that command alone; anything else (`--help`, an option
+    first, an unknown or misspelt name, which click answers with the command list or a
+    suggestion) gets the whole app. `typer.main.get_group` keeps a one-command tree a
+    group (typer would make a lone command the program itself)."""
+    chosen = [info for info in app.registered_commands
+              if args and command_name(info) == args[0]]
+    if not chosen:
+        return typer.main.get_group(app)
+    tree = new_app()
+    tree.registered_commands = chosen
+    return typer.main.get_group(tree)
+
+
+# typer's help renderer, typer.rich_utils, imports rich.markdown (markdown-it-py, and
+# pygments through rich.syntax) for its "markdown" markup mode and rich.traceback for its
+# pretty tracebacks the moment it is imported. patchset uses neither (rich markup;
+# pretty_exceptions_enable=False), and the two are 30 of the ~140 ms of `patchset --help`.
+# So --help imports the renderer with these names deferred: stand-ins that import the real
+# module the first time they are used. Nothing else changes: typer renders the same help.
+DEFERRED_HELP_IMPORTS: dict[str, tuple[str, ...]] = {"rich.markdown": ("Markdown",),
+                                                     "rich.traceback": ("Traceback",)}
+
+
+def import_help_renderer() -> None:
+    """typer.rich_utils, imported with DEFERRED_HELP_IMPORTS deferred; the stand-in modules
+    are in sys.modules only while it is imported, so any later import gets the real ones."""
+    if "typer.rich_utils" in sys.modules:
+        return
+    stand_ins = {name: _DeferredModule(name, names)
+                 for name, names in DEFERRED_HELP_IMPORTS.items() if name not in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        importlib.import_module("typer.rich_utils")
+    finally:
+        for name, module in stand_ins.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+
+
+class _Deferred(type):
+    """The type of a stand-in class: calling it, reading one of its attributes or an
+    isinstance test imports the real class (`_module`.`__name__`) and hands over to it."""
+
+    _module: str
+
+    def real(cls) -> type:
+        return getattr(importlib.import_module(cls._module), cls.__name__)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls.real()(*args, **kwargs)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(cls.real(), name)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls.real())
+
+
+class _DeferredModule(types.ModuleType):
+    """Stands for module `name` while typer.rich_utils is imported: `names` are stand-in
+    classes; any other name (a renderer newer than this list) steps the stand-in aside and
+    is read from the real module, so a stale list costs time, never correctness."""
+
+    def __init__(self, name: str, names: tuple[str, ...]) -> None:
+        super().__init__(name)
+        for attr in names:
+            setattr(self, attr, _Deferred(attr, (), {"_module": name, "__module__": name}))
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):                 # the import system probing (__path__)
+            raise AttributeError(attr)
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def command_name(info: typer.models.CommandInfo) -> str:
+    """The name typer gives a registered command (its own rule: `typer.main`)."""
+    return info.name or typer.main.get_command_name(info.callback.__name__)
+
+
+def retry_bisect_refusals(series: Series, resolver: Any, specs: list[str],
+                          results: list[Any], again: Callable[[int], Any]) -> list[Any]:
+    """apply/revert results that an abandoned bisect refused, retried once its restore is
+    finished (isolate.bisect.retry_pending). Only a refused result (`bisect` set) needs
+    isolate's recovery, so isolate (its probes, http) is imported only then: about 15 ms
+    off every plain apply."""
+    if not any(getattr(r, "bisect", None) for r in results):
+        return list(results)
+    from isolate.bisect import retry_pending
+    return retry_pending(series, resolver, specs, results, again, say)
 
 
 def _quiet_stdout() -> None:

@@ -1,6 +1,7 @@
 """The serving command: deploy (systemd units)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# says why); a name imported only for type checking is quoted.
 
 from pathlib import Path
 from typing import List, Optional

@@ -2,7 +2,7 @@
 
 Both shards carry the same real header (a DeepSeek-V4-like layer set); the 100 GB one is
 the header plus `truncate`. The reader is the audit's own (`Runner.header` in
-auditor/host/gather.py, which calls `read_header`). Bytes are counted twice: by the
+patchset/agent/runner.py, which calls `read_header`). Bytes are counted twice: by the
 reader's own counter (`bytes_read` in its record) and below Python's buffer, by wrapping
 the raw file object the way `open(path, "rb")` stacks it (what reaches read(2)).
 """
@@ -19,6 +19,7 @@ from benchlib import Row, add_note, count_row, row, spread, verdict
 
 from patchset.agent.facts import checkpoint as ck
 from patchset.agent import gather
+from patchset.agent import runner as runner_mod
 from patchset.agent.redact import Redactor
 
 SIZES = (("10 MB", 10 * 10**6), ("100 GB", 100 * 10**9))
@@ -83,11 +84,11 @@ def wanted_of(header: bytes) -> set[str]:
 def os_bytes(path: Path) -> int:
     raw = CountingRaw(path)
     with io.BufferedReader(raw) as handle:
-        gather.read_header(handle, path.stat().st_size)
+        runner_mod.read_header(handle, path.stat().st_size)
     return raw.count
 
 
-def timed_reads(runner: gather.Runner, path: Path, wanted: set[str], runs: int) -> list[float]:
+def timed_reads(runner: runner_mod.Runner, path: Path, wanted: set[str], runs: int) -> list[float]:
     cmd = ck.SafetensorsHeader().command(path=str(path))
     times = []
     for _ in range(runs):
@@ -101,7 +102,7 @@ def timed_reads(runner: gather.Runner, path: Path, wanted: set[str], runs: int) 
 def bench_checkpoint(runs: int, scratch: Path) -> list[Row]:
     header = header_bytes()
     wanted = wanted_of(header)
-    runner = gather.Runner(Redactor(tagged=True))
+    runner = runner_mod.Runner(Redactor(tagged=True))
     rows: list[Row] = []
     medians = []
     for label, size in SIZES:

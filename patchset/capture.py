@@ -114,10 +114,10 @@ def _build(series: Series, meta: CaptureMeta, found: dict, depends: list[str], h
         for patch in series.patches:
             text = (Path(series.root) / patch.file).read_text(encoding="utf-8")
             interop.apply_diff(work, text, 1, str(Path(series.root) / patch.file), patch.name)
-        before = interop._git_out(work, "rev-parse", "HEAD", what="scratch tree").strip()
+        before = interop.git_out(work, "rev-parse", "HEAD", what="scratch tree").strip()
         interop.apply_diff(work, found["diff"], 1, source, meta.name)
         _check_posts(work, found["files"], source)
-        body = interop._git_out(work, *interop.DIFF_ARGS, before, "HEAD", what="scratch tree")
+        body = interop.git_out(work, *interop.DIFF_ARGS, before, "HEAD", what="scratch tree")
     item = interop.Incoming(source=source, name_hint=meta.name, raw_header=None, diff=body,
                             header={"Description": summary, "Author": meta.author or ""})
     text = interop.render_header(item, meta.name, interop.ImportMeta(
@@ -132,7 +132,7 @@ def _check_posts(work: Path, files: dict[str, dict], source: str) -> None:
     """The patch must reproduce the host's files byte for byte (blob ids say so)."""
     for path, blobs in sorted(files.items()):
         disk = work / path
-        got = interop._git_out(work, "hash-object", "--", path, what="scratch tree").strip() \
+        got = interop.git_out(work, "hash-object", "--", path, what="scratch tree").strip() \
             if disk.is_file() else None
         if got != blobs["post"]:
             raise UsageError(f"{source}: {path}: applying the captured diff on the pin gives "

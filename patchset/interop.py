@@ -170,7 +170,7 @@ def read_git(repo: Path, rev_range: str, split: bool) -> list[Incoming]:
         raise UsageError(f"{rev_range!r}: expected a range BASE..HEAD")
     # Never an option: a leading '-' is refused above, and --end-of-options (git 2.24+)
     # makes git read whatever follows as a revision.
-    commits = _git_out(repo, "rev-list", "--reverse", "--parents", "--end-of-options",
+    commits = git_out(repo, "rev-list", "--reverse", "--parents", "--end-of-options",
                        rev_range, what=f"--git {repo} {rev_range}").split("\n")
     out: list[Incoming] = []
     for line in filter(None, commits):
@@ -185,21 +185,21 @@ def read_git(repo: Path, rev_range: str, split: bool) -> list[Incoming]:
 
 
 def _commit(repo: Path, commit: str, split: bool) -> list[Incoming]:
-    fmt = _git_out(repo, "show", "-s", "--format=%an <%ae>%n%as%n%B", commit, what=commit)
+    fmt = git_out(repo, "show", "-s", "--format=%an <%ae>%n%as%n%B", commit, what=commit)
     author, day, message = (fmt.split("\n", 2) + ["", ""])[:3]
     subject, _, body = message.strip().partition("\n")
     header = {"Description": _description(subject, body), "Author": author,
               "Last-Update": day, "Forwarded": "no"}
     source = f"{repo} commit {commit[:12]}"
     if not split:
-        diff = _git_out(repo, *DIFF_ARGS, f"{commit}^", commit, what=source)
+        diff = git_out(repo, *DIFF_ARGS, f"{commit}^", commit, what=source)
         return [Incoming(source=source, name_hint=subject, header=header, raw_header=None,
                          diff=diff)]
-    files = _git_out(repo, "diff", "--name-only", "--no-renames", f"{commit}^", commit,
+    files = git_out(repo, "diff", "--name-only", "--no-renames", f"{commit}^", commit,
                      what=source).split()
     return [Incoming(source=f"{source} {path}", name_hint=f"{subject}-{Path(path).stem}",
                      header=header, raw_header=None,
-                     diff=_git_out(repo, *DIFF_ARGS, f"{commit}^", commit, "--", path,
+                     diff=git_out(repo, *DIFF_ARGS, f"{commit}^", commit, "--", path,
                                    what=source))
             for path in files]
 
@@ -229,7 +229,7 @@ def _read_header(text: str, file: str) -> tuple[dict[str, str], str | None]:
     becomes the Description, as quilt headers often are."""
     if text.strip():
         try:
-            header = patchfile._parse_header(text.rstrip("\n").split("\n"), file)
+            header = patchfile.parse_header(text.rstrip("\n").split("\n"), file)
             return header, text.rstrip("\n") + "\n\n"
         except ManifestError:
             pass
@@ -343,7 +343,7 @@ def _build_all(series: Series, items: list[Incoming], meta: ImportMeta,
     for item in items:
         name = unique(slug(item.name_hint), taken)
         taken.add(name)
-        before = _git_out(work, "rev-parse", "HEAD", what="scratch tree").strip()
+        before = git_out(work, "rev-parse", "HEAD", what="scratch tree").strip()
         if not item.diff.strip():
             raise ManifestError(item.source, None, "diff", "no diff in this patch")
         apply_diff(work, item.diff, item.strip, item.source, name)
@@ -388,18 +388,19 @@ def _in_series_order(names: list[str], series: Series, built: list[_Built]) -> l
 def apply_diff(work: Path, diff: str, strip: int, source: str, name: str) -> None:
     """Apply without fuzz and commit, so the next patch sees exactly this result."""
     proc = subprocess.run(["git", "apply", "--index", f"-p{strip}", "--whitespace=nowarn", "-"],
-                          cwd=work, input=diff.encode(), capture_output=True, env=_git_env())
+                          cwd=work, input=diff.encode(), capture_output=True,
+                          env=hermetic_git_env())
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().split("\n") or [""])[0]
         raise ManifestError(source, None, "diff", "does not apply on the pinned base with the "
                             f"series before it: {reason}")
-    _git_out(work, "commit", "-q", "--allow-empty", "-m", name, what="scratch tree")
+    git_out(work, "commit", "-q", "--allow-empty", "-m", name, what="scratch tree")
 
 
 def _body(work: Path, before: str, item: Incoming) -> tuple[str, bool]:
     """The incoming diff verbatim when its full index lines match what applying it did;
     else the diff regenerated from the scratch tree (pre/post blob ids of the pin)."""
-    fresh = _git_out(work, *DIFF_ARGS, before, "HEAD", what="scratch tree")
+    fresh = git_out(work, *DIFF_ARGS, before, "HEAD", what="scratch tree")
     if not fresh.strip():
         raise ManifestError(item.source, None, "diff", "changes nothing on the pinned base")
     if item.strip == 1 and _same_changes(item.diff, fresh):
@@ -409,9 +410,9 @@ def _body(work: Path, before: str, item: Incoming) -> tuple[str, bool]:
 
 def _same_changes(diff: str, fresh: str) -> bool:
     try:
-        old = patchfile._parse_diff(diff, "incoming", 0, "")
-        new = patchfile._parse_diff(fresh, "fresh", 0, "")
-        patchfile._check_raw_diff(diff.split("\n"), 0, "incoming")
+        old = patchfile.parse_diff(diff, "incoming", 0, "")
+        new = patchfile.parse_diff(fresh, "fresh", 0, "")
+        patchfile.check_raw_diff(diff.split("\n"), 0, "incoming")
     except ManifestError:
         return False
     key = lambda c: (c.path, c.pre, c.post)
@@ -483,7 +484,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _git_env() -> dict[str, str]:
+def hermetic_git_env() -> dict[str, str]:
     """No user or system git config: diffs must not depend on whoever runs the import."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, LC_ALL="C",
@@ -492,13 +493,13 @@ def _git_env() -> dict[str, str]:
     return env
 
 
-def _git_out(cwd: Path, *args: str, what: str) -> str:
-    return _git_bytes(cwd, *args, what=what).decode("utf-8", errors="replace")
+def git_out(cwd: Path, *args: str, what: str) -> str:
+    return git_bytes(cwd, *args, what=what).decode("utf-8", errors="replace")
 
 
-def _git_bytes(cwd: Path, *args: str, what: str, stdin: bytes | None = None) -> bytes:
+def git_bytes(cwd: Path, *args: str, what: str, stdin: bytes | None = None) -> bytes:
     """git's exact stdout (file contents must round-trip byte for byte)."""
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, env=_git_env(),
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, env=hermetic_git_env(),
                           input=stdin)
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().split("\n") or [""])[0]

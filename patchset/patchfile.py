@@ -42,9 +42,9 @@ def parse(text: str, file: str, git_prefix: str) -> ParsedPatch:
     """Validate and parse; every error names `file:line: field`."""
     lines = text.split("\n")
     start = _diff_start(lines, file)
-    header = _parse_header(lines[:start], file)
-    _check_raw_diff(lines, start, file)
-    files = _parse_diff("\n".join(lines[start:]), file, start, git_prefix)
+    header = parse_header(lines[:start], file)
+    check_raw_diff(lines, start, file)
+    files = parse_diff("\n".join(lines[start:]), file, start, git_prefix)
     return ParsedPatch(header=header, files=files, diff_offset=start)
 
 
@@ -56,7 +56,7 @@ def _diff_start(lines: list[str], file: str) -> int:
                         "(generate it with `git diff --full-index`)")
 
 
-def _parse_header(lines: list[str], file: str) -> dict[str, str]:
+def parse_header(lines: list[str], file: str) -> dict[str, str]:
     header: dict[str, str] = {}
     key = None
     for number, line in enumerate(lines, start=1):
@@ -94,7 +94,7 @@ def _check_header(header: dict[str, str], file: str) -> None:
                             f"{header['Last-Update']!r} is not a YYYY-MM-DD date")
 
 
-def _check_raw_diff(lines: list[str], start: int, file: str) -> None:
+def check_raw_diff(lines: list[str], start: int, file: str) -> None:
     """Things unidiff accepts silently but we refuse: binary, renames, short blob ids,
     unsafe paths, hunks whose header counts disagree with their lines, and anything after a
     hunk that is not a new file section (shown by `show`, ignored by `git apply`: what is
@@ -226,7 +226,7 @@ def _unsafe_header_path(line: str) -> bool:
     return False
 
 
-def _parse_diff(text: str, file: str, offset: int, git_prefix: str) -> tuple[FileChange, ...]:
+def parse_diff(text: str, file: str, offset: int, git_prefix: str) -> tuple[FileChange, ...]:
     from unidiff import PatchSet
     from unidiff.errors import UnidiffParseError
 

@@ -40,9 +40,10 @@ from .manifest import load_series
 from .model import Patch, Series, UpstreamPin
 from .progress import NullProgress, Progress
 from .upstream import (
-    _RAW_ATTRIBUTES,
+    RAW_ATTRIBUTES,
     BaseTree,
     blob_ids,
+    blob_reader,
     cache_root,
     pin_for_version,
     provision,
@@ -171,16 +172,16 @@ class _Tree:
 
     def __init__(self, base: BaseTree, dest: Path, paths: list[str]) -> None:
         self.path = dest
-        interop._git_bytes(dest.parent, "clone", "-q", "--no-checkout", "--shared", "--",
+        interop.git_bytes(dest.parent, "clone", "-q", "--no-checkout", "--shared", "--",
                            str(base.repo), str(dest), what=str(base.repo))
         # Blobs are the files' exact bytes, whatever .gitattributes the release ships.
         (dest / ".git" / "info").mkdir(parents=True, exist_ok=True)
-        (dest / ".git" / "info" / "attributes").write_text(_RAW_ATTRIBUTES)
+        (dest / ".git" / "info" / "attributes").write_text(RAW_ATTRIBUTES)
         self.git("sparse-checkout", "set", "--no-cone", *(f"/{path}" for path in paths))
         self.git("checkout", "-q", "-B", "patchset-rebase", base.commit)
 
     def git(self, *args: str, stdin: bytes | None = None) -> bytes:
-        return interop._git_bytes(self.path, *args, what="rebase scratch tree", stdin=stdin)
+        return interop.git_bytes(self.path, *args, what="rebase scratch tree", stdin=stdin)
 
     def head(self) -> str:
         return self.git("rev-parse", "HEAD").decode().strip()
@@ -253,7 +254,7 @@ def _move(series: Series, patch: Patch, old: _Tree, new: _Tree, blocked: dict[st
         return _Moved(patch, PatchOutcome(patch.name, "upstream", paths, notes), None)
     before = new.head()
     new.commit(patch.name, [m for m in merges if m.outcome != "upstream"])
-    body = interop._git_out(new.path, *interop.DIFF_ARGS, before, "HEAD", what=source)
+    body = interop.git_out(new.path, *interop.DIFF_ARGS, before, "HEAD", what=source)
     header = text[:re.search(r"^diff --git ", text, re.MULTILINE).start()]
     return _Moved(patch, PatchOutcome(patch.name, "3way", paths, notes), header + body)
 
@@ -297,7 +298,7 @@ def _merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str,
         names.append(str(scratch / f"merge.{kind}"))
     args = [arg for label in labels for arg in ("-L", label)]
     proc = subprocess.run(["git", "merge-file", "-p", *args, *names], capture_output=True,
-                          env=interop._git_env(), check=False)
+                          env=interop.hermetic_git_env(), check=False)
     if not 0 <= proc.returncode < 128:
         reason = proc.stderr.decode(errors="replace").strip() or f"exit {proc.returncode}"
         raise UsageError(f"git merge-file failed: {reason.splitlines()[0]}")
@@ -365,22 +366,13 @@ def _validate(series: Series, plan: _Plan, new_base: BaseTree) -> None:
         for rel, data in plan.writes.items():
             (check / rel).write_bytes(data)
         rebased = load_series(check / Path(series.manifest).name)
-        report = api.check(rebased, _blob_reader(new_base), new_base.commit)
+        report = api.check(rebased, blob_reader(new_base), new_base.commit)
     bad = [f"{p.path}: recorded pre-image {p.recorded}, the base has {p.found}"
            for p in report.preimages if not p.ok]
     bad += [f"{','.join(s.names)}: {s.error}" for s in report.selections if not s.ok]
     if bad:
         raise PatchsetError(f"rebase: the rebased series does not check on "
                             f"{_label(rebased.upstream)} ({bad[0]}); nothing was written")
-
-
-def _blob_reader(base: BaseTree):
-    """read(path) -> the base's bytes of a git path, or None: api.check's view of the pin."""
-    def read(path: str) -> bytes | None:
-        oid = blob_ids(base, [path])[path]
-        return None if oid is None else interop._git_bytes(base.repo, "cat-file", "blob", oid,
-                                                           what=str(base.repo))
-    return read
 
 
 def _write(root: Path, plan: _Plan) -> None:

@@ -555,7 +555,7 @@ def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> d
 
 # Highest-precedence attributes for the cache repo: its working tree and `git archive`
 # output are the blobs' exact bytes, whatever .gitattributes upstream ships.
-_RAW_ATTRIBUTES = (
+RAW_ATTRIBUTES = (
     "* -text -eol -ident -filter -working-tree-encoding -export-ignore -export-subst\n"
 )
 
@@ -564,7 +564,7 @@ def _checkout(work: Path, ref: str, commit: str) -> None:
     """Point branch `ref` and HEAD at `commit` and fill the index and working tree."""
     info = work / ".git" / "info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "attributes").write_text(_RAW_ATTRIBUTES)
+    (info / "attributes").write_text(RAW_ATTRIBUTES)
     _git(["update-ref", f"refs/heads/{ref}", commit], work)
     _git(["symbolic-ref", "HEAD", f"refs/heads/{ref}"], work)
     _git(["reset", "-q", "--hard", commit], work)

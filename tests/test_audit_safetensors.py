@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from patchset.agent.facts.checkpoint import SafetensorsHeader
-from patchset.agent.gather import Gatherer, Runner, read_header
+from patchset.agent.gather import Gatherer
+from patchset.agent.runner import Runner, read_header
 from patchset.agent.redact import Redactor
 
 

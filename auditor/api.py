@@ -26,7 +26,7 @@ from .model import PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, Pro
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.1"          # 1.1: hosts[].probes and probe[...] findings
+SCHEMA_VERSION = "1.2"          # 1.1: hosts[].probes, probe[...]; 1.2: states[].evidence, trace[...]
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from patchset.agent.facts import checkpoint as ck
-from patchset.agent.facts import gpu, http, procs, systemd, tree
+from patchset.agent.facts import gpu, http, procs, systemd, trace, tree
 from patchset.agent.facts.base import Fact, FactValue
 from .model import Checkpoint, HostFacts, Proc, Server, Unit
 
@@ -73,6 +73,9 @@ def _server(rec: dict, facts: HostFacts) -> Server:
         srv.model_info = _collect(http.ModelInfo(), rec, "model_info")
         srv.health = _collect(http.Health(), rec, "health")
         srv.imports = _collect(tree.ImportOrigin(), rec, "imports")
+        if rec.get("trace") is not None:
+            srv.trace = trace.TraceRecords().collect(rec["trace"]).with_source(
+                f"trace records of {srv.id}")
     return srv
 
 

@@ -56,6 +56,8 @@ class Server:
     imports: FactValue = field(default_factory=lambda: FactValue.unknown("not gathered"))
     model: str | None = None
     config_file: FactValue | None = None   # `--config FILE`: {"keys", "stat"} (no values)
+    trace: FactValue = field(default_factory=lambda: FactValue.unknown(
+        "tracing off: no PATCHSET_TRACE_DIR in the server's environ"))   # tracer records
 
     @property
     def argv(self) -> list[str]:
@@ -118,6 +120,9 @@ class Condition:
     reason: str = ""                 # why `found` is unknown
 
 
+EVIDENCE = ("observed", "declared")
+
+
 @dataclass(frozen=True)
 class PatchState:
     patch: str
@@ -126,6 +131,12 @@ class PatchState:
     state: str                       # one of STATES
     reason: str
     conditions: tuple[Condition, ...] = ()
+    # since report 1.2: how the state is known. observed: the tracer saw its code run
+    # (or saw the server serve work without it running); declared: from `requires` only
+    evidence: str = "declared"
+    ran: tuple[dict, ...] = ()       # {pid, title, target, first, via} of its targets
+    declared: str | None = None      # the declared state, when the observation overrode it
+    contradiction: str | None = None  # declared-active-not-run | inert-but-ran
 
 
 @dataclass(frozen=True)

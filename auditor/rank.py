@@ -90,14 +90,16 @@ def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Ac
             served = [p for p in patch_paths if p in _served(ctx, host, st)]
             w_path = max((symptom.paths.get(p, 0.0) for p in served), default=0.0)
             w_state = symptom.states.get(st.state, 0.0)
-            score = tier * w_path * w_state
+            seen = st.evidence == "observed" and bool(st.ran)
+            score = tier * w_path * w_state * (ctx.policy.observed if seen else 1.0)
             if score <= 0:
                 continue
             hits.append((host, st, w_path))
             if score > best:
                 where = f"{host.host}/{st.server}" if st.server else host.host
                 best = score
-                best_why = (f"{st.state} in {where}, which runs {'/'.join(served)} "
+                best_why = (f"{st.state}{' (observed: it ran)' if seen else ''} "
+                            f"in {where}, which runs {'/'.join(served)} "
                             f"(symptom weight {w_path:g}): {st.reason}")
     if best <= 0:
         return None

@@ -18,6 +18,7 @@ evaluated against facts through the fact table; nothing here knows a patch by na
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from patchset.model import Patch, Requirement, Series
@@ -25,6 +26,7 @@ from patchset.model import Patch, Requirement, Series
 from patchset.agent.facts.base import FactValue
 from .facttable import Context, resolve, role
 from .model import Condition, HostFacts, PatchState, Server
+from .observed import describe, loaded, observe
 from .staleness import stale
 from patchset.agent.staleness import runs_in, served_paths
 
@@ -46,6 +48,7 @@ class Evaluator:
         self.ctx = Context(facts, server, patch_state=self._patch_fact)
         self.done: dict[str, PatchState] = {}
         self.busy: set[str] = set()
+        self._stale = False
 
     def all(self) -> list[PatchState]:
         return [self.state(p) for p in self.series.patches]
@@ -84,6 +87,12 @@ class Evaluator:
                               "(no .patchset/state.json)")
         applied = {a["name"]: a for a in status.get("applied") or []}
         if patch.name not in applied:
+            carried = self._loaded_as(patch.name)
+            if carried:            # reverted on disk, still in the running process
+                st = self._runtime(patch)
+                return self._observe(patch, replace(st, reason=(
+                    f"loaded by pid {self.server.main.pid} ({carried}), no longer on disk: "
+                    f"restart to unload; {st.reason}")))
             return self._make(patch, "not-applied", f"not applied on {where} (applied: "
                               f"{', '.join(applied) or 'none'})")
         if status.get("interrupted"):
@@ -98,10 +107,56 @@ class Evaluator:
         live = self._live_code(status)
         if live:
             return self._make(patch, live[0], live[1])
-        return self._runtime(patch)
+        word = f"{patch.name}:{str(applied[patch.name].get('sha256') or '')[:12]}"
+        served = role(self.ctx)
+        runs_here = runs_in(patch.path, served.value if served.known else None)
+        if self._stale and runs_here and word not in (loaded(self.server) or []):
+            carried = self._loaded_as(patch.name)
+            if not carried:
+                return self._make(patch, "not-applied", (
+                    f"applied on {where} after pid {self.server.main.pid} started: not loaded "
+                    "by it (restart to load)"))
+            st = self._runtime(patch)
+            return self._observe(patch, replace(st, reason=(
+                f"pid {self.server.main.pid} loaded {carried}, the tree has {word}: restart "
+                f"to load it; {st.reason}")))
+        return self._observe(patch, self._runtime(patch))
+
+    def _loaded_as(self, name: str) -> str | None:
+        """The `name:sha12` the server loaded for this patch name, if any."""
+        words = loaded(self.server) if self.server else None
+        return next((w for w in words or [] if w.split(":")[0] == name), None)
+
+    def _observe(self, patch: Patch, st: PatchState) -> PatchState:
+        """The declared state, corrected by what the tracer saw (auditor/observed.py)."""
+        words = loaded(self.server) or []
+        word = next((w for w in words if w.split(":")[0] == patch.name), None)
+        obs = observe(self.server, word) if word and self.server else None
+        if obs is None:
+            return st
+        if obs.ran:
+            ran = "; ".join(describe(e) for e in obs.ran[:3])
+            if st.state in ("inert", "gated-off"):
+                return replace(st, state="active", evidence="observed", ran=obs.ran,
+                               declared=st.state, contradiction="inert-but-ran",
+                               reason=f"declared {st.state} ({st.reason}), but it ran: {ran}")
+            return replace(st, evidence="observed", ran=obs.ran,
+                           reason=f"{st.reason}; observed: {ran}")
+        if obs.not_run_after_work and st.state == "active":
+            work = describe(obs.work[0])
+            return replace(st, state="inert", evidence="observed", declared="active",
+                           contradiction="declared-active-not-run",
+                           reason=(f"declared active ({st.reason}), but none of its code ran "
+                                   f"while the server served work ({work}): its requires "
+                                   "miss a dispatch condition"))
+        if obs.not_run_after_work:
+            return replace(st, evidence="observed",
+                           reason=f"{st.reason}; observed: none of its code ran after work")
+        return st
 
     def _live_code(self, status: dict) -> tuple[str, str] | None:
-        """Does the server run the managed tree, loaded after the last apply?"""
+        """Does the server run the managed tree? Sets `_stale` (started before the last
+        change): then what it loaded (PATCHSET_PATCHES) decides, not the tree on disk."""
         srv = self.server
         assert srv is not None
         if not srv.imports.known:
@@ -114,7 +169,8 @@ class Evaluator:
                              f"{managed}: patching it is a silent no-op")
         served = role(self.ctx)
         is_stale, why = stale(srv, status, str(served.value) if served.known else None)
-        if is_stale:
+        self._stale = bool(is_stale)
+        if is_stale and loaded(srv) is None:
             return "unknown", f"{srv.id} {why} (restart it)"
         return None
 

@@ -133,7 +133,8 @@ def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None,
         exc.record = pending
         raise exc
     state = {"applied": [dict(a, gate=None) if a.get("name") in gates_off else a
-                         for a in t["applied"]]} if t["managed"] else None
+                         for a in t["applied"]], "trace": t.get("trace") or {}} \
+        if t["managed"] else None
     resolved = units.resolve(host, chosen, t["root"], state, t["layout"], git_prefix)
     if timeout is not None:
         resolved = {r: replace(u, health_timeout=timeout) for r, u in resolved.items()}
@@ -405,8 +406,9 @@ def affected_roles(host: Any, transport: Transport, tree: str, git_prefix: str =
         if info.get("unit_text") is None:
             continue
         running = units.parse_env_file(info.get("env_text") or "")
-        u = units.resolve(host, [role], t["root"], {"applied": t["applied"]}, t["layout"],
-                          git_prefix)[role]
+        u = units.resolve(host, [role], t["root"], {"applied": t["applied"],
+                                                    "trace": t.get("trace") or {}},
+                          t["layout"], git_prefix)[role]
         # the gates as rendered (hosts.yaml may override one); a removed gated patch
         # changes PATCHSET_PATCHES too
         now = {k: u.env[k] for k in ("PATCHSET_PATCHES", *u.gates)}

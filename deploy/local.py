@@ -39,7 +39,7 @@ class LocalTransport:
              on_event: wire.EventSink | None = None) -> dict:
         request = wire.stamp(request, self.target)
         self.round_trips += 1
-        with tempfile.TemporaryDirectory(prefix="patchset-agent-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=wire.workdir_name(request, "")) as tmp:
             if self.sudo or not self.in_process or request.get("op") in agent.ISOLATED_OPS:
                 return self._child(Path(tmp), request, files, on_event)
             for name, source in (files or {}).items():
@@ -63,7 +63,7 @@ class LocalTransport:
                 sink.write(line)
             stderr = proc.stderr.read()        # type: ignore[union-attr]
         sink.close()
-        return sink.outcome(self.host, proc.returncode, stderr)
+        return sink.outcome(self.host, proc.returncode, stderr, request.get("op"))
 
     def elevate(self) -> None:
         """Root through `sudo -n` from now on (the agent said it does not run as root)."""

@@ -149,7 +149,7 @@ class SshTransport:
         unpacks, runs and removes it; events stream back while it runs."""
         conn = self.connection()
         request = wire.stamp(request, self.target, self.python)
-        remote = f"/tmp/patchset-{secrets.token_hex(8)}"
+        remote = f"/tmp/{wire.workdir_name(request, secrets.token_hex(8))}"
         sink, errors = wire.LineSink(on_event), io.StringIO()
         try:
             sftp = conn.sftp()
@@ -174,7 +174,7 @@ class SshTransport:
                 raise self._unreachable(exc) from None
             raise
         sink.close()
-        return sink.outcome(self.host, result.exited, errors.getvalue())
+        return sink.outcome(self.host, result.exited, errors.getvalue(), request.get("op"))
 
     def elevate(self) -> None:
         """Root through `sudo -n` from now on (the agent said it does not run as root)."""

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from patchset import validate
 from patchset.errors import PatchsetError, UsageError
 
-from patchset.agent import staleness
+from patchset.agent import staleness, tracer
 from patchset.agent.facts.systemd import parse_env_file
 from patchset.agent.redact import is_secret_name
 
@@ -70,7 +70,19 @@ ABS_PATH = validate.ABS_PATH
 
 # Env variables deploy owns: set them with the role settings, never in `env`.
 MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONPATH", "PATCHSET_PATCHES",
-               "PATCHSET_TREE", "SPT_NOENV")
+               "PATCHSET_TREE", "SPT_NOENV", "PATCHSET_TRACE", "PATCHSET_TRACE_DIR")
+# The tracer (patchset/agent/tracer.py): installed by the deploy runner in TRACE_HOME
+# (sitecustomize.py + patchset_tracer.py, first on the unit's PYTHONPATH); each role's
+# records go to its root-only RuntimeDirectory, which systemd removes when the unit stops.
+TRACE_HOME = tracer.HOME
+TRACE_RUN = tracer.RUN_DIR
+# patchset's own markers of served work: a scheduler ran a forward batch, the HTTP server
+# took a generate request (0.5.14's ModelRunner.forward, TokenizerManager.generate_request)
+WORK_MARKERS = ("sglang.srt.model_executor.model_runner:ModelRunner.forward",
+                "sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request")
+WORK = tracer.WORK
+TRACE_MODULE = validate.MODULE_NAME
+TRACE_QUALNAME = validate.QUALNAME
 # Server flags deploy renders itself; extra_args may not repeat them.
 MANAGED_FLAGS = {
     "prefill": ("--model-path", "--disaggregation-mode", "--host", "--port", "--tp-size",
@@ -315,6 +327,8 @@ SCHEMA: dict[str, Setting] = {
                               "how long deploy waits for /health [TimeoutStartSec]"),
     "pythonpath": Setting(_boolean, S, True, "PYTHONPATH= the tree, so the unit imports the "
                           "managed tree whatever the venv has installed [true]"),
+    "trace": Setting(_boolean, S, True, "record in every server process which patched "
+                     "functions ran (`patchset trace`, the audit's evidence) [true]"),
     "prefill": Setting(_urls, ("router",), False, "prefill URLs [this host's prefill]"),
     "decode": Setting(_urls, ("router",), False, "decode URLs [this host's decode]"),
     "api_key": Setting(_secret, S, True, f"--api-key, in the root-only ROLE{CONFIG_SUFFIX} "
@@ -372,6 +386,7 @@ class RoleUnit:
     notes: list[str] = field(default_factory=list)
     config: dict[str, str] = field(default_factory=dict)   # credentials: `--config` file
     config_path: str | None = None  # ENV_DIR/ROLE.secrets.yaml (server roles)
+    trace: bool = False             # the tracer runs in this role's processes
 
 
 def unit_name(role: str) -> str:
@@ -421,6 +436,27 @@ def role_applied(applied: list[dict], role: str) -> list[dict]:
     """The applied patches whose code runs in `role`, in order (the one rule:
     patchset/agent/staleness.py)."""
     return staleness.role_applied(applied, role)
+
+
+def trace_value(applied: list[dict], role: str, traces: dict) -> str:
+    """PATCHSET_TRACE: `NAME:SHA12=MODULE:QUALNAME,...` for each patch this role runs (its
+    traceable targets, as the host derived them: patchset/agent/tracetargets.py), then
+    `~work=` patchset's markers of served work. Every name is checked again here: the
+    targets come from the host."""
+    words = []
+    for a in role_applied(applied, role):
+        word = f"{a.get('name')}:{str(a.get('sha256') or '')[:12]}"
+        targets = [t for t in traces.get(word) or [] if t.get("kind") != "kernel"]
+        for t in targets:
+            if not (TRACE_MODULE.ok(str(t.get("module"))) and
+                    TRACE_QUALNAME.ok(str(t.get("qualname")))):
+                raise UsageError(f"the host reports a trace target {t.get('module')!r}:"
+                                 f"{t.get('qualname')!r} for {word}: not a module and "
+                                 "qualified name (is the tree damaged?)")
+        if targets:
+            words.append(word + "=" + ",".join(f"{t['module']}:{t['qualname']}"
+                                               for t in targets))
+    return " ".join(words + [f"{WORK}=" + ",".join(WORK_MARKERS)])
 
 
 def patches_value(applied: list[dict], role: str) -> str:
@@ -478,7 +514,8 @@ def resolve(host: Any, roles: list[str], tree: str, state: dict | None,
         if role == "router":
             out[role] = _router(host, settings, python)
         else:
-            out[role] = _server(host, role, settings, python, tree, applied, layout, git_prefix)
+            out[role] = _server(host, role, settings, python, tree, applied, layout, git_prefix,
+                                (state or {}).get("trace") or {})
     return out
 
 
@@ -488,7 +525,7 @@ def _common(settings: dict) -> int:
 
 
 def _server(host: Any, role: str, settings: dict, python: str, tree: str, applied: list,
-            layout: str | None, git_prefix: str) -> RoleUnit:
+            layout: str | None, git_prefix: str, traces: dict) -> RoleUnit:
     model = _require(host, role, settings, "model_path")
     gpus = _require(host, role, settings, "gpus")
     port = _require(host, role, settings, "port")
@@ -513,9 +550,14 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
     # SPT_NOENV=1: setproctitle must not overwrite the scheduler children's environ, which
     # is where the audit reads the gates those children really run with.
     env = {"CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SPT_NOENV": "1"}
-    if settings.get("pythonpath", True):
-        env["PYTHONPATH"] = import_root(tree, layout, git_prefix)
+    paths = ([TRACE_HOME] if settings.get("trace", True) else []) + \
+        ([import_root(tree, layout, git_prefix)] if settings.get("pythonpath", True) else [])
+    if paths:
+        env["PYTHONPATH"] = ":".join(paths)
     env.update({"PATCHSET_TREE": tree, "PATCHSET_PATCHES": patches_value(applied, role)})
+    if settings.get("trace", True):
+        env.update({"PATCHSET_TRACE": trace_value(applied, role, traces),
+                    "PATCHSET_TRACE_DIR": f"{TRACE_RUN}/{role}"})
     env.update({k: v for k, v in gates.items() if k not in own})
     env.update(own)
     notes = [f"gate {k} of {', '.join(sources[k])} is set to {inv!r} by hosts.yaml (the patch "
@@ -528,7 +570,8 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
                     health_url=f"http://{_url_host(_connect_host(bind))}:{port}/health",
                     health_timeout=_common(settings), settings=settings, tree=tree,
                     patches=env["PATCHSET_PATCHES"], notes=notes, config=config,
-                    config_path=config_path(role) if config else None)
+                    config_path=config_path(role) if config else None,
+                    trace="PATCHSET_TRACE" in env)
 
 
 def _url_host(host: str) -> str:
@@ -673,7 +716,7 @@ def render(host: Any, units: dict[str, RoleUnit], template_dir: Path | None = No
             "restart_sec": s.get("restart_sec", 30),
             "limit_nofile": s.get("limit_nofile", 1048576),
             "limit_memlock": s.get("limit_memlock", "infinity"),
-            "health_url": u.health_url,
+            "health_url": u.health_url, "trace": u.trace,
         }
         unit_text = env.get_template(f"sglang-{role}.service.j2").render(context)
         env_text = env.get_template(f"sglang-{role}.env.j2").render(context)

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from patchset import api
 from patchset.agent import engine
+from patchset.agent.records import StatusRecord
 from patchset.transport import Transport
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
 from patchset.model import Series
@@ -142,10 +143,10 @@ class BisectProbe:
 
 def bisect(t: BisectHost, probe: BisectProbe, symptom: str = "context-loss",
            say: Say = lambda _: None) -> BisectReport:
-    status = api.status(t.series, t.transport)
-    if status.get("bisect"):
-        restore_abandoned(t, status["bisect"], say)
-        status = api.status(t.series, t.transport)
+    status = _status_record(t)
+    if status.bisect:
+        restore_abandoned(t, status.bisect, say)
+        status = _status_record(t)
     starting = _starting(t, status)
     _require_deployed(t)
     report = BisectReport(host=t.host.name, id=_new_id(), probe=",".join(probe.kinds),
@@ -338,7 +339,7 @@ def restore_abandoned(t: BisectHost, record: dict, say: Say, force: bool = False
 def restore_pending(t: BisectHost, say: Say) -> None:
     """`patchset bisect HOST --restore`: finish the restore of an unfinished bisect on the
     host, even one started elsewhere; says what was restored (or that nothing was)."""
-    record = api.status(t.series, t.transport).get("bisect")
+    record = _status_record(t).bisect
     if not record:
         say(f"{t.host.name}: no unfinished bisect there; nothing to restore")
         return
@@ -418,12 +419,19 @@ def _ignore_sigint():
 
 # ---------------------------------------------------------------- helpers
 
-def _starting(t: BisectHost, status: dict) -> list[str]:
+def _status_record(t: BisectHost) -> StatusRecord:
+    """The host's status record (api.status raises when it cannot be had)."""
+    record = api.status(t.series, t.transport).record
+    assert record is not None
+    return record
+
+
+def _starting(t: BisectHost, status: StatusRecord) -> list[str]:
     """The host's applied patches, which must be the series' own files: the restore
     re-applies them from the series, so it must be able to reproduce them exactly."""
     known = t.series.by_name()
     names = []
-    for a in status.get("applied") or []:
+    for a in status.applied:
         patch = known.get(a["name"])
         if patch is None or patch.sha256 != a.get("sha256"):
             raise UsageError(f"{t.host.name}: it runs {a['name']} sha256 "
@@ -431,7 +439,7 @@ def _starting(t: BisectHost, status: dict) -> list[str]:
                              f"{'file' if patch else 'patch'} ({t.series.manifest}); apply "
                              "the series there first so the bisect can restore it exactly")
         names.append(a["name"])
-    if not status.get("managed"):
+    if not status.managed:
         raise UsageError(f"{t.host.name}: {t.tree} is not managed by patchset: apply first")
     return names
 

@@ -7,19 +7,21 @@ Transports are passed in (patchset/ never imports deploy/).
 from __future__ import annotations
 
 import itertools
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import __version__
-from .agent import engine
 from .errors import (BisectPending, Exit, HostUnreachable, LockedError, PatchsetError,
                      TargetError, UsageError)
 from .model import Patch, Series
 from .selection import Plan, Selection, plan
-from .transport import Transport, raise_for
+
+if TYPE_CHECKING:
+    # Imported where used: `list`, `show` and `plan` load neither (the agent's records
+    # and the transport's tarfile are a few ms of a command that takes about 100).
+    from .agent.records import StatusRecord, UnitStatus
+    from .transport import Transport
 
 
 # ---------------------------------------------------------------- requests
@@ -38,7 +40,9 @@ def patch_spec(patch: Patch) -> dict[str, Any]:
             "summary": patch.summary, "depends": list(patch.depends), "tier": patch.tier,
             "path": patch.path,
             "gate": {"env": patch.gate.env, "on": patch.gate.on} if patch.gate else None,
-            "files": [{"path": c.path, "pre": c.pre, "post": c.post} for c in patch.files]}
+            "files": [{"path": c.path, "pre": c.pre, "post": c.post} for c in patch.files],
+            "trace": [{"module": t.module, "qualname": t.qualname, "file": t.file}
+                      for t in patch.trace], "trace_mode": patch.trace_mode}
 
 
 def make_request(series: Series, op: str, patches: Iterable[Patch] = (),
@@ -80,6 +84,7 @@ BaseProvider = Callable[[], "tuple[str, Path]"]   # -> (base commit, bundle file
 
 def _run_on(transport: Transport, request: dict, files: dict[str, Path],
             base_provider: BaseProvider | None = None) -> HostResult:
+    from .transport import raise_for
     try:
         raw = transport.call(request, files)
         if (raw.get("error") or {}).get("kind") == "need_base" and base_provider:
@@ -102,6 +107,7 @@ def on_hosts(transports: list[Transport], work: Callable[[Transport], Any]) -> l
     """Run `work` on every host at once; results in the order of `transports`."""
     if len(transports) <= 1:
         return [work(t) for t in transports]
+    from concurrent.futures import ThreadPoolExecutor    # only a fleet needs threads
     with ThreadPoolExecutor(max_workers=min(16, len(transports))) as pool:
         return list(pool.map(work, transports))
 
@@ -135,45 +141,58 @@ def bisect_mark(series: Series, transport: Transport, bisect_id: str,
                 record: dict | None, lock_wait: float = 30.0) -> dict | None:
     """Write (record) or drop (None) the host's bisect record; raises BisectPending when
     another bisect's record is there."""
+    from .transport import raise_for
     request, _ = make_request(series, "bisect-mark", record=record, bisect=bisect_id,
                               lock_wait=lock_wait)
     return raise_for(transport.host, transport.call(request)).get("bisect")
 
 
-def status(series: Series, transport: Transport) -> dict:
+@dataclass
+class HostStatus:
+    """`status` of one host: the agent's record of its tree, or why it could not be had."""
+
+    host: str
+    record: StatusRecord | None = None
+    pinned_base: str = ""
+    error: str | None = None
+    exit_code: int = Exit.OK
+
+    def has_findings(self) -> bool:
+        return self.record is not None and self.record.has_findings()
+
+    def stale_units(self) -> list[UnitStatus]:
+        return self.record.stale_units() if self.record else []
+
+    def to_json(self) -> dict:
+        """The `status --json` object: the record's fields, host and pinned_base."""
+        if self.record is None:
+            return {"host": self.host, "error": self.error, "exit_code": self.exit_code}
+        return {**self.record.to_json(), "host": self.host, "pinned_base": self.pinned_base}
+
+
+def status(series: Series, transport: Transport) -> HostStatus:
+    from .agent.records import StatusRecord
+    from .transport import raise_for
     request, files = make_request(series, "status")
     result = raise_for(transport.host, transport.call(request, files))
-    result.pop("ok", None)
-    result["host"] = transport.host
-    result["pinned_base"] = _pinned_summary(series, result)
-    return result
+    record = StatusRecord.from_json(result)
+    return HostStatus(host=transport.host, record=record,
+                      pinned_base=_pinned_summary(series, record))
 
 
-def status_or_error(series: Series, transport: Transport) -> dict:
+def status_or_error(series: Series, transport: Transport) -> HostStatus:
     """Status of one host, or a record of why it could not be had (for fleets)."""
     try:
         return status(series, transport)
     except (HostUnreachable, TargetError, UsageError) as exc:
-        return {"host": transport.host, "error": str(exc), "exit_code": exc.exit_code}
+        return HostStatus(host=transport.host, error=str(exc), exit_code=exc.exit_code)
 
 
-def _pinned_summary(series: Series, result: dict) -> str:
+def _pinned_summary(series: Series, record: StatusRecord) -> str:
     pin = f"{series.upstream.name} {series.upstream.version}"
-    if not result.get("managed"):
+    if not record.managed:
         return f"not managed yet (apply checks it is {pin})"
     return f"{pin} (verified at first apply)"
-
-
-def has_findings(state: dict) -> bool:
-    interp = state.get("interpreter") or {}
-    return interp.get("managed") is False or bool(
-        state.get("drift") or state.get("dirty") or state.get("foreign_commits")
-        or state.get("interrupted") or state.get("bisect"))
-
-
-def stale_units(state: dict) -> list[dict]:
-    """The units of a status that run other patches than their role now has."""
-    return [u for u in state.get("units") or [] if u.get("stale")]
 
 
 # ---------------------------------------------------------------- show
@@ -278,7 +297,10 @@ def check(series: Series, read_base_blob, base_label: str, exhaustive: bool = Fa
     copy of the touched base files with the real engine (zero fuzz, post-images checked).
 
     `read_base_blob(path) -> bytes | None` reads a git-layout path from the pinned base.
+    The engine is imported here, not at the top: only `check` runs it in this process
+    (`list`, `plan`, `show` never do, and the engine's imports are a quarter of `list`).
     """
+    from .agent import engine
     base = base_files(series)
     contents = {path: read_base_blob(path) for path in base}
     pre = tuple(PreImage(path, blob, engine.blob_id(contents[path]) if contents[path] is not None
@@ -294,6 +316,9 @@ def check(series: Series, read_base_blob, base_label: str, exhaustive: bool = Fa
 
 def _check_one(series: Series, chosen: tuple[Patch, ...],
                contents: dict[str, bytes | None]) -> SelectionCheck:
+    import tempfile
+
+    from .agent import engine
     names = tuple(p.name for p in chosen)
     with tempfile.TemporaryDirectory(prefix="patchset-check-") as tmp:
         root = Path(tmp)

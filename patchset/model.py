@@ -75,6 +75,15 @@ class FileChange:
 
 
 @dataclass(frozen=True)
+class TraceSpec:
+    """A manifest `trace:` entry: a function the tracer watches for this patch."""
+
+    module: str               # sglang.srt.layers.x
+    qualname: str             # Class.method | outer.<locals>.inner | <module>
+    file: str = ""
+
+
+@dataclass(frozen=True)
 class Patch:
     name: str
     file: str                 # path relative to the manifest's directory
@@ -91,6 +100,8 @@ class Patch:
     files: tuple[FileChange, ...] = ()
     sha256: str = ""          # of the patch file's bytes
     line: int = 0             # line of the entry in patches.yaml
+    trace: tuple[TraceSpec, ...] = ()   # manifest `trace:` targets
+    trace_mode: str = "add"             # add (to the derived ones) | replace
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
-from .agent.protocol import PROTOCOL
+from .agent.protocol import PARTS, PROTOCOL
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
 
 EventSink = Callable[[dict], None]
@@ -81,6 +82,13 @@ def stamp(request: dict, target: str, python: str | None = None) -> dict:
     if python:
         out.setdefault("python", python)
     return out
+
+
+def workdir_name(request: dict, token: str) -> str:
+    """`patchset-OP-TOKEN`: the private directory of one agent run (ps shows what runs)."""
+    op = request.get("op")
+    label = op if isinstance(op, str) and re.fullmatch(r"[a-z][a-z-]{0,15}", op) else "agent"
+    return f"patchset-{label}-{token}"
 
 
 def agent_files() -> dict[str, bytes]:
@@ -148,11 +156,13 @@ class LineSink:
         elif line.strip():
             self.other.append(line)
 
-    def outcome(self, host: str, exited: int | None, stderr: str) -> dict:
-        """The result line, or TargetError saying why there is none."""
+    def outcome(self, host: str, exited: int | None, stderr: str, op: object = None) -> dict:
+        """The result line, or TargetError saying why there is none (naming the part of
+        the agent that ran: the engine, the deploy runner, the gatherer)."""
         if self.result is None:
             tail = (stderr.strip().splitlines() or self.other)[-3:]
-            raise TargetError(f"{host}: the agent exited {exited} without a result "
+            part = PARTS.get(str(op), "the agent")
+            raise TargetError(f"{host}: {part} exited {exited} without a result "
                               f"({' / '.join(tail) or 'no output'}); is python3 >= 3.8 and "
                               "git installed there?")
         return self.result

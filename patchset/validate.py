@@ -59,6 +59,9 @@ TOKEN = Rule(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}", "a plain token")
 HTTP_URL = Rule(r"https?://(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\])"
                 r"(?::[0-9]{1,5})?/?", "an http(s)://host:port URL")
 
+MODULE_NAME = Rule(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", "a dotted module name")
+QUALNAME = Rule(r"<module>|[A-Za-z_][A-Za-z0-9_]*(?:\.(?:<locals>|[A-Za-z_][A-Za-z0-9_]*))*",
+                "a qualified name (`Class.method`, `f.<locals>.g`) or <module>")
 
 # Variables a patch gate may never be: the loader's and interpreters' code-loading hooks,
 # the shell's, and the ones deploy sets itself (deploy/units.py MANAGED_ENV).
@@ -66,7 +69,8 @@ RESERVED_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "GCONV_", "MALLOC_")
 RESERVED_ENV = frozenset({
     "PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "PERL5LIB", "PERL5OPT", "RUBYOPT",
     "NODE_OPTIONS", "LOCPATH", "NLSPATH", "TMPDIR", "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER", "PATCHSET_PATCHES", "PATCHSET_TREE", "SPT_NOENV"})
+    "CUDA_DEVICE_ORDER", "PATCHSET_PATCHES", "PATCHSET_TREE", "SPT_NOENV", "PATCHSET_TRACE",
+    "PATCHSET_TRACE_DIR"})
 
 
 def reserved_env(name: str) -> bool:

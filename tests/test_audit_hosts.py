@@ -223,7 +223,11 @@ def test_decode_path_patch_in_a_prefill_unit_is_inert(audit_env, capsys) -> None
 
 
 def test_stale_process_after_an_apply_without_restart(audit_env, capsys) -> None:
+    """A process started before a revert is judged by what it loaded (its
+    PATCHSET_PATCHES), not by the tree on disk: the reverted mhc-bf16 stays live and a
+    suspect, every other patch keeps the state it had; the process is still stale."""
     host = audit_env["host"]
+    _, before = audit(audit_env, capsys)
     time.sleep(1.1)                         # state.json's time has one-second resolution
     code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp,mhc-bf16",
                        host.name, "--series", str(audit_env["series"]))
@@ -231,11 +235,14 @@ def test_stale_process_after_an_apply_without_restart(audit_env, capsys) -> None
     try:
         _, data = audit(audit_env, capsys)
         st = states(data)
-        assert st[(P, "mhc-bf16")] == "not-applied"
-        assert st[(P, "mma-splitk-decode")] == "unknown"
-        assert reason(data, P, "mma-splitk-decode").startswith(
-            f"{P} started with mhc-bf16 no longer applied (PATCHSET_PATCHES of pid ")
+        assert st[(P, "mhc-bf16")] == states(before)[(P, "mhc-bf16")] == "active"
+        assert reason(data, P, "mhc-bf16").startswith("loaded by pid ")
+        assert "mhc-bf16:" in reason(data, P, "mhc-bf16") and \
+            "no longer on disk: restart to unload" in reason(data, P, "mhc-bf16")
+        assert st == states(before)             # judged by what the processes loaded
         assert finding(data, "stale-process[apply]", P)["status"] == "fail"
+        assert finding(data, "stale-process[apply]", P)["message"].startswith(
+            f"started with mhc-bf16 no longer applied (PATCHSET_PATCHES of pid ")
         assert finding(data, "stale-process[apply]", D)["status"] == "fail"
     finally:
         code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp",

@@ -90,7 +90,7 @@ def test_shadowed_by_other_gpus(series, seed) -> None:
         gpu["compute_cap"] = "9.0"
     st = states(series, seed)[(P, "mhc-bf16")]
     assert st.state == "inert"
-    assert st.reason.startswith("requires gpu.compute_cap eq 12.0 (on sm_120 the server "
+    assert st.reason.startswith("requires gpu.compute_cap in [12.0, 12.1] (on sm_120 the server "
                                 "forces")
     assert st.reason.endswith("live: 9.0 (GPUs 0,1,2,3 (CUDA_VISIBLE_DEVICES))")
 

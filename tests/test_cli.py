@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from patchset.agent.records import STATE_FORMAT
 from patchset.cli import main
 from seriesfactory import CHAT
 
@@ -85,7 +86,7 @@ def test_main_job_apply_status_revert_on_default_target(in_series: Path, patchse
     code, out, _ = run(capsys, "status", "--json")
     [st] = json.loads(out)
     assert code == 0 and [a["name"] for a in st["applied"]] == ["chat-a"]
-    assert st["state_version"] == 1 and st["base"]["commit"]
+    assert st["state_version"] == STATE_FORMAT and st["base"]["commit"]
     code, _, err = run(capsys, "apply", "--tier", "risky", "localhost")
     assert code == 0
     code, _, err = run(capsys, "revert", "chat-a")

@@ -15,6 +15,8 @@ from deploy.local import LocalTransport
 from patchset import api
 from patchset import transport as wire
 from patchset.transport import raise_for
+from patchset.agent.records import STATE_FORMAT, TreeState
+from patchset.agent import staleness
 from patchset.errors import LockedError
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan
@@ -76,7 +78,8 @@ def test_apply_commits_with_trailers_and_records_state(series, git_target: Path)
     sha = series.by_name()["idx-c"].sha256
     assert f"Patchset-Name: idx-c\nPatchset-Sha256: {sha}" in bodies[0]
     st = state(git_target)
-    assert st["format"] == 1 and st["kind"] == "git" and st["head"] == head(git_target)
+    assert st["format"] == STATE_FORMAT == 2 and st["kind"] == "git"
+    assert st["head"] == head(git_target) and st["updated"].endswith("Z")
     base_ref = subprocess.run(["git", "rev-parse", "refs/patchset/base"], cwd=git_target,
                               capture_output=True, text=True, check=True).stdout.strip()
     assert base_ref == st["base"]["commit"]
@@ -160,8 +163,8 @@ def test_hand_edit_refused_with_diff_and_kept(series, target: Path) -> None:
     assert "+# my hand edit" in result.details
     assert chat.read_bytes() == edited
     st = api.status(series, LocalTransport(target))
-    assert api.has_findings(st)
-    found = st["dirty"] if (target / ".git").exists() else [d["path"] for d in st["drift"]]
+    assert st.has_findings()
+    found = st.record.dirty if (target / ".git").exists() else [d["path"] for d in st.record.drift]
     assert any("serving_chat.py" in f for f in found)
 
 
@@ -181,7 +184,7 @@ def test_foreign_commit_is_refused_and_reported(series, git_target: Path) -> Non
     subprocess.run(["git", "add", "NOTES"], cwd=git_target, check=True)
     subprocess.run(["git", "commit", "-qm", "local tweak"], cwd=git_target, check=True)
     st = api.status(series, LocalTransport(git_target))
-    assert len(st["foreign_commits"]) == 1 and "local tweak" in st["foreign_commits"][0]
+    assert len(st.record.foreign_commits) == 1 and "local tweak" in st.record.foreign_commits[0]
     result = do_apply(series, git_target, tier="moderate")
     assert not result.ok and "commits on top of the patchset series" in result.error
 
@@ -198,8 +201,30 @@ def test_lock_names_the_holder(series, git_target: Path) -> None:
         assert not result.ok
         assert "locked by patchset apply (pid 4242 on gpu1" in result.error
         st = api.status(series, LocalTransport(git_target))
-        assert "pid 4242" in st["locked_by"]
+        assert "pid 4242" in st.record.locked_by
     assert do_apply(series, git_target, tier="safe").ok
+
+
+def test_an_older_state_file_still_loads(series, git_target: Path) -> None:
+    """A format-1 state (whole-second `updated`, as patchset wrote it before format 2)
+    reads as the same record, status works on it, and the next change rewrites it in the
+    current format; a newer format is refused, naming the file."""
+    assert do_apply(series, git_target, tier="safe").ok
+    path = git_target / ".patchset" / "state.json"
+    v2 = json.loads(path.read_text())
+    v1 = dict(v2, format=1, updated="2026-11-30T12:00:00Z")
+    path.write_text(json.dumps(v1))
+    old = TreeState.from_json(v1)
+    assert old.format == 1 and old.names() == [a["name"] for a in v2["applied"]]
+    assert old.to_json() == dict(v2, updated="2026-11-30T12:00:00Z")      # written as 2
+    assert staleness.epoch(old.updated) == staleness.epoch("2026-11-30T12:00:00.000Z")
+    st = api.status(series, LocalTransport(git_target))
+    assert st.record.state_version == 1 and st.record.applied and not st.has_findings()
+    assert do_apply(series, git_target, tier="moderate").ok
+    assert json.loads(path.read_text())["format"] == STATE_FORMAT
+    path.write_text(json.dumps(dict(v2, format=STATE_FORMAT + 1)))
+    with pytest.raises(Exception, match=r"state\.json has state format 3; .*upgrade patchset"):
+        raise_for("h", LocalTransport(git_target).call(api.make_request(series, "status")[0]))
 
 
 def test_locked_error_type(series, git_target: Path) -> None:
@@ -250,16 +275,16 @@ def test_kill_at_any_point_then_status_and_apply(series, target: Path, tmp_path:
 
     st = api.status(series, LocalTransport(target))
     interrupted = proc.returncode == -9 and crash != "staged"   # killed after the journal
-    assert (st["interrupted"] is not None) == interrupted
+    assert (st.record.interrupted is not None) == interrupted
     if interrupted:
-        assert st["interrupted"]["next"] == "the next apply or revert finishes it"
+        assert st.record.interrupted["next"] == "the next apply or revert finishes it"
 
     result = do_apply(series, target)
     assert result.ok, result.error
     assert bool(result.recovered) == interrupted
     assert snapshot(target) == new
     assert head(target) == head(fresh)
-    assert not api.has_findings(api.status(series, LocalTransport(target)))
+    assert not api.status(series, LocalTransport(target)).has_findings()
 
 
 def test_engine_is_stdlib_only(tmp_path: Path) -> None:

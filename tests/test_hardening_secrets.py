@@ -32,6 +32,7 @@ from audit_facts import synth
 from auditor import api, hostfacts
 from patchset.agent.facts import procs
 from patchset.agent import gather
+from patchset.agent import runner as runner_mod
 from patchset.agent.redact import MARK, Redactor, redact_text, spellings
 from deploy import deploy as dep
 from deploy.resolve import Hosts
@@ -634,7 +635,7 @@ def test_the_gatherer_sends_a_config_files_keys_never_its_values(tmp_path: Path)
     path = tmp_path / "decode.secrets.yaml"
     path.write_text(f"# x\napi-key: {json.dumps(API_KEY)}\nadmin-api-key: '{ADMIN_KEY}'\n")
     os.chmod(path, 0o644)
-    runner = gather.Runner(Redactor(tagged=True))
+    runner = runner_mod.Runner(Redactor(tagged=True))
     rec = runner.read(procs.ConfigFile().command(path=str(path)), "keys", stat=True)
     assert rec["stdout"] == "api-key\nadmin-api-key" and rec["stat"]["mode"] == "0644"
     assert_clean(json.dumps(rec), (API_KEY, ADMIN_KEY))

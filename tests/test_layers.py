@@ -121,6 +121,22 @@ def test_every_exception_says_why_and_is_still_needed() -> None:
             f"stale exception: {importer} no longer imports {imported}"
 
 
+def test_the_agent_imports_only_the_standard_library_and_itself() -> None:
+    """patchset/agent/ is what runs on hosts, as the package `patchset_agent`: an absolute
+    import of patchset (or any product package) would break there, a third-party one too."""
+    agent = "patchset.agent"
+    stdlib = set(__import__("sys").stdlib_module_names) | {"__future__"}
+    found = [f"{name} imports {imported}" for name, path in MODULES.items()
+             if within(name, agent) for imported in imports(name, path)
+             if not within(imported, agent) and imported.split(".")[0] not in stdlib]
+    assert any(within(n, agent) for n in MODULES) and found == []
+    relative = [name for name, path in MODULES.items() if within(name, agent)
+                and any(isinstance(node, ast.ImportFrom) and node.level == 0
+                        and (node.module or "").startswith("patchset")
+                        for node in ast.walk(ast.parse(path.read_text("utf-8"))))]
+    assert relative == []
+
+
 def test_bench_imports_no_test_module() -> None:
     """bench/ runs with ROOT and bench/ on sys.path (never tests/): a test module would be
     `tests.NAME` (or a bare NAME, if tests/ were on the path)."""

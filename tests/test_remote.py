@@ -15,6 +15,8 @@ from seriesfactory import CHAT, DSV4
 from tests.hosts.nspawn import TestHost, run_ssh
 from hostutil import TREE, clean_tree, cli, on_host
 
+from patchset.agent.records import STATE_FORMAT
+
 
 
 def test_apply_status_revert_over_ssh(one_host: TestHost, remote_env, capsys) -> None:
@@ -36,7 +38,7 @@ def test_apply_status_revert_over_ssh(one_host: TestHost, remote_env, capsys) ->
 
     code, out, _ = cli(capsys, "status", "--json")     # default host from the inventory
     [st] = json.loads(out)
-    assert st["host"] == one_host.name and st["state_version"] == 1
+    assert st["host"] == one_host.name and st["state_version"] == STATE_FORMAT
     assert [a["name"] for a in st["applied"]] == ["chat-a", "dsv4-b", "idx-c"]
     assert st["interpreter"]["managed"] is False      # python3 there imports no sglang
     assert code == 1

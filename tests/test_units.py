@@ -159,7 +159,7 @@ def test_gates_go_only_to_the_roles_whose_patches_run_there() -> None:
     assert env["decode"]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert env["decode"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["decode"]["SPT_NOENV"] == env["prefill"]["SPT_NOENV"] == "1"   # audit reads children
-    assert env["decode"]["PYTHONPATH"] == "/opt/sglang/python"
+    assert env["decode"]["PYTHONPATH"] == f"{units.TRACE_HOME}:/opt/sglang/python"
     assert "# gate of idx-c (applied, runs in decode)\nTRITON_INDEXER=1\n" in out["decode"].env_text
     assert units.patches_value(APPLIED, "decode") == " ".join(staleness.role_patch_ids(APPLIED, "decode"))
 
@@ -202,7 +202,8 @@ def test_role_settings_override_serving_and_wheel_trees_import_from_the_root() -
     assert "--model-path /m2" in decode and "--tp-size 1" in decode
     assert '--chat-template "my template.jinja" --x=50%%' in decode
     env = units.parse_env_file(out["decode"].env_text)
-    assert env["NCCL_DEBUG"] == "INFO" and env["X"] == "1" and env["PYTHONPATH"] == "/opt/sglang"
+    assert env["NCCL_DEBUG"] == "INFO" and env["X"] == "1"
+    assert env["PYTHONPATH"] == f"{units.TRACE_HOME}:/opt/sglang"
     assert ("--prefill http://10.0.0.9:30000 9000 --decode http://10.0.0.10:30001"
             in out["router"].unit_text)
 
@@ -290,9 +291,9 @@ def test_unit_facts_find_the_units_serving_a_tree(tmp_path: Path, monkeypatch) -
     monkeypatch.setenv("PATH", str(tmp_path))            # no systemctl: nothing is running
     target = engine.Target(str(tree), "python/", "sglang")
     [fact] = engine.unit_facts(target, target.state())
-    assert fact["unit"] == "sglang-decode.service" and fact["role"] == "decode"
-    assert fact["stale"] is False and fact["main_pid"] == 0
-    assert fact["patches"] == units.patches_value(APPLIED, "decode")
+    assert fact.unit == "sglang-decode.service" and fact.role == "decode"
+    assert fact.stale is False and fact.main_pid == 0
+    assert fact.patches == units.patches_value(APPLIED, "decode")
 
 
 # ---------------------------------------------------------------- the library, scripted
@@ -464,3 +465,49 @@ def test_the_runner_ships_as_a_bundle_and_reads_facts(tmp_path: Path) -> None:
     bad = LocalTransport(tree, in_process=False).call(dict(request, op="nope"))
     assert bad == {"ok": False, "error": {"kind": "usage", "message": "unknown op 'nope'",
                                           "details": ""}}
+
+
+TRACES = {f"idx-c:{'c' * 12}": [
+    {"module": "sglang.srt.layers.idx", "qualname": "Backend.forward.<locals>.kernel_call",
+     "kind": "function"},
+    {"module": "sglang.srt.layers.idx", "qualname": "_triton_kernel", "kind": "kernel"},
+    {"module": "sglang.srt.layers.idx", "qualname": "<module>", "kind": "module"}]}
+
+
+def test_the_tracer_is_on_by_default_with_the_host_derived_targets() -> None:
+    """Each role's env gets PATCHSET_TRACE (the traceable targets of the patches that run
+    in it, plus the markers of served work), its records dir and the tracer first on
+    PYTHONPATH; the unit gets a root-only RuntimeDirectory for the records."""
+    h = host()
+    out = units.render(h, units.resolve(h, ["prefill", "decode"], "/opt/sglang",
+                                        {"applied": APPLIED, "trace": TRACES}, "git"))
+    env = {r: units.parse_env_file(out[r].env_text) for r in out}
+    decode = env["decode"]["PATCHSET_TRACE"].split()
+    assert decode[0] == (f"idx-c:{'c' * 12}=sglang.srt.layers.idx:Backend.forward.<locals>."
+                         "kernel_call,sglang.srt.layers.idx:<module>")     # no kernel target
+    assert decode[-1] == f"{units.WORK}=" + ",".join(units.WORK_MARKERS)
+    assert not any(w.startswith("idx-c") for w in env["prefill"]["PATCHSET_TRACE"].split())
+    assert env["decode"]["PATCHSET_TRACE_DIR"] == f"{units.TRACE_RUN}/decode"
+    assert "RuntimeDirectory=patchset-trace/decode\nRuntimeDirectoryMode=0700\n" in \
+        out["decode"].unit_text
+    from patchset.agent import tracer
+    assert tracer.parse(env["decode"]["PATCHSET_TRACE"])[
+        ("sglang.srt.layers.idx", "<module>")] == [f"idx-c:{'c' * 12}"]
+
+
+def test_trace_false_renders_no_tracer() -> None:
+    h = host(decode={"gpus": "4,5,6,7", "port": 30001, "trace": False})
+    out = units.render(h, units.resolve(h, ["prefill", "decode"], "/opt/sglang",
+                                        {"applied": APPLIED, "trace": TRACES}, "git"))
+    env = units.parse_env_file(out["decode"].env_text)
+    assert "PATCHSET_TRACE" not in env and "PATCHSET_TRACE_DIR" not in env
+    assert env["PYTHONPATH"] == "/opt/sglang/python"
+    assert "RuntimeDirectory" not in out["decode"].unit_text
+    assert "PATCHSET_TRACE" in units.parse_env_file(out["prefill"].env_text)
+
+
+def test_a_bad_trace_target_from_the_host_is_refused() -> None:
+    bad = {f"idx-c:{'c' * 12}": [{"module": "x y", "qualname": "f", "kind": "function"}]}
+    with pytest.raises(UsageError, match="trace target"):
+        units.resolve(host(), ["decode"], "/opt/sglang", {"applied": APPLIED, "trace": bad},
+                      "git")

@@ -16,13 +16,14 @@ from . import (
     secrets,
     server_health,
     stale_process,
+    trace,
     tree_drift,
 )
 from .base import AuditContext
 
 CHECKS: tuple[ModuleType, ...] = (
     server_health, tree_drift, foreign_commits, pinned_base, imported_tree, stale_process,
-    gate_env, gpu_arch, pd_consistency, checkpoint_dtypes, hazards, secrets,
+    trace, gate_env, gpu_arch, pd_consistency, checkpoint_dtypes, hazards, secrets,
 )
 
 

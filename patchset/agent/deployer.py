@@ -36,15 +36,19 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import engine, redact
+from . import engine, redact, tracer
 from .protocol import Events
-from .runner import unit_show as show
+from .records import TreeState, UnitStatus
+from .runner import unit_show
 
 
 SECRET_MODE = 0o600
+UNIT_PROPS = ("ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus",
+              "ExecMainCode", "UnitFileState", "LoadState")
 
 EngineError = engine.EngineError
 DEPLOY_LOCK = "/run/lock/patchset-deploy.lock"
@@ -157,7 +161,7 @@ def flock(path: str, wait: float, what: str) -> Iterator[None]:
                               "--lock-wait SECONDS", "locked")
         handle.seek(0)
         handle.truncate()
-        handle.write(f"patchset deploy, pid {os.getpid()}, since {engine._now()}\n")
+        handle.write(f"patchset deploy, pid {os.getpid()}, since {engine.now()}\n")
         handle.flush()
         yield
 
@@ -181,10 +185,19 @@ def state_bytes(target: "engine.Target | None") -> bytes | None:
         return None
 
 
-def units_by_name(target: "engine.Target | None", state: dict | None) -> dict[str, dict]:
+def units_by_name(target: "engine.Target | None",
+                  state: "TreeState | None") -> dict[str, UnitStatus]:
     if target is None:
         return {}
-    return {u["unit"]: u for u in engine.unit_facts(target, state)}
+    return {u.unit: u for u in engine.unit_facts(target, state)}
+
+
+def show(unit: str) -> dict[str, Any]:
+    """The unit's state through the one systemctl reader (runner.unit_show), only the
+    properties a deploy decides by: never Environment= or ExecStart= (an older unit may
+    hold a key there) in what the runner returns."""
+    props = unit_show(unit)
+    return {k: props[k] for k in UNIT_PROPS if k in props}
 
 
 # ---------------------------------------------------------------- facts
@@ -201,21 +214,44 @@ def op_facts(request: dict) -> dict:
             "config_text": read_text(spec["config_path"]) if spec.get("config_path") else None,
             "insecure": insecure(spec),
             "systemd": show(unit) if systemd_running() else {},
-            "stale": bool((facts.get(unit) or {}).get("stale")),
-            "facts": facts.get(unit),
+            "stale": bool(unit in facts and facts[unit].stale),
+            "facts": asdict(facts[unit]) if unit in facts else None,
         }
     return {
         "root": os.geteuid() == 0, "systemd": systemd_running(),
         "tree": None if target is None else {
             "root": str(target.root), "layout": target.layout, "managed": state is not None,
             "state_sha256": sha256(state_bytes(target)),
-            "applied": (state or {}).get("applied", []), "updated": (state or {}).get("updated"),
+            "applied": [a.to_json() for a in state.applied] if state else [],
+            "updated": state.updated if state else None,
+            "trace": _trace_targets(target, state),
             "bisect": engine.read_json(target.bisect_file),
         },
         "roles": roles,
         "interrupted": ({k: v for k, v in txn.items() if k in ("pid", "since")}
                         if (txn := engine.read_json(txn_file())) else None),
     }
+
+
+def _trace_targets(target: "engine.Target", state: "TreeState | None") -> dict:
+    """What the tracer is to watch for each applied patch (engine.trace_targets); {} when
+    it cannot be had (the tracer then watches only the markers of served work)."""
+    try:
+        return engine.trace_targets(target, state)
+    except (EngineError, OSError):
+        return {}
+
+
+def install_tracer() -> None:
+    """tracer.HOME/{sitecustomize.py, patchset_tracer.py} from this agent, 0644 root: what
+    a unit with PATCHSET_TRACE puts first on its PYTHONPATH. Rewritten only if changed."""
+    here = Path(__file__).resolve().parent
+    for name, source in (("sitecustomize.py", "sitecustomize.py"),
+                         ("patchset_tracer.py", "tracer.py")):
+        text = (here / source).read_text(encoding="utf-8")
+        dest = os.path.join(tracer.HOME, name)
+        if read_text(dest) != text:
+            write_file(dest, text, 0o644)
 
 
 def systemd_running() -> bool:
@@ -262,6 +298,7 @@ def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> di
     before = {r: show(s["unit"]) for r, s in roles.items()}
     restart = restart_reasons(roles, changed, before, units_by_name(target, target.state()))
     actions: dict[str, list[str]] = {r: [] for r in roles}
+    install_tracer()
     begin(roles, old, before)
     try:
         install(roles, changed, old, actions, events)
@@ -311,7 +348,7 @@ def redactor(request: dict) -> Any:
 
 
 def restart_reasons(roles: dict, changed: list[str], before: dict,
-                    facts: dict[str, dict]) -> dict[str, str]:
+                    facts: dict[str, UnitStatus]) -> dict[str, str]:
     """Which roles to restart, and why: new files (unless the controller found the change
     has no effect on the process, e.g. comments only), not running, or stale."""
     out = {}
@@ -320,7 +357,7 @@ def restart_reasons(roles: dict, changed: list[str], before: dict,
             out[role] = "unit or env file changed"
         elif before[role].get("ActiveState") != "active":
             out[role] = "not running"
-        elif (facts.get(spec["unit"]) or {}).get("stale"):
+        elif spec["unit"] in facts and facts[spec["unit"]].stale:
             out[role] = "stale: started before the tree changed"
     return out
 
@@ -362,7 +399,7 @@ def begin(roles: dict, old: dict, before: dict) -> None:
     Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
     os.chmod(RECORD_DIR, 0o700)
     keep = ("unit", "unit_path", "env_path", "config_path", "health_url", "health_timeout")
-    record = {"pid": os.getpid(), "since": engine._now(), "roles": {
+    record = {"pid": os.getpid(), "since": engine.now(), "roles": {
         r: {**{k: s.get(k) for k in keep}, "old_unit": old[r][0], "old_env": old[r][1],
             "old_config": old[r][2],
             "before": {k: before[r].get(k) for k in ("ActiveState", "UnitFileState")}}
@@ -515,7 +552,7 @@ def record(request: dict, actions: dict) -> None:
     with contextlib.suppress(OSError):
         Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
         engine.write_json(Path(RECORD_DIR) / "last.json",
-                          {"time": engine._now(), "tree": request["tree"], "actions": actions,
+                          {"time": engine.now(), "tree": request["tree"], "actions": actions,
                            "tool_version": request.get("tool_version")})
 
 

@@ -36,10 +36,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import runner, staleness
+from . import runner, staleness, tracetargets
+from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
+                      TreeState, UnitStatus, now_stamp)
 from .facts import systemd
 
-STATE_FORMAT = 1
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
 BASE_REF = "refs/patchset/base"   # on git trees: the pinned base the series sits on
@@ -161,12 +162,15 @@ class Target:
     def bisect_file(self) -> Path:
         return self.meta / "bisect.json"
 
-    def state(self) -> dict | None:
-        state = read_json(self.state_file)
-        if state is not None and state.get("format") != STATE_FORMAT:
-            raise EngineError(f"{self.state_file} has state format {state.get('format')}; "
-                              f"this patchset reads {STATE_FORMAT}: upgrade patchset")
-        return state
+    def state(self) -> TreeState | None:
+        """The tree's state, any readable format (records.TreeState); None: not managed."""
+        data = read_json(self.state_file)
+        if data is None:
+            return None
+        try:
+            return TreeState.from_json(data, str(self.state_file))
+        except StateError as exc:
+            raise EngineError(str(exc)) from None
 
     def ensure_meta(self) -> None:
         self.meta.mkdir(exist_ok=True)
@@ -221,7 +225,7 @@ class Target:
             if not read_only:
                 write_json(self.meta / "lock.json", {"pid": os.getpid(),
                                                      "host": socket.gethostname(),
-                                                     "op": op, "since": _now()})
+                                                     "op": op, "since": now()})
             yield
         finally:
             handle.close()
@@ -251,15 +255,15 @@ def acquire_flock(handle: Any, wait: float) -> bool:
             time.sleep(0.1)
 
 
-def _now() -> str:
+def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 # ---------------------------------------------------------------- drift and dirt
 
-def drift(target: Target, state: dict | None) -> list[dict]:
+def drift(target: Target, state: TreeState | None) -> list[dict]:
     """Files the series manages whose content is not what the state says it should be."""
-    expected = state["files"] if state else {}
+    expected = state.files if state else {}
     out = []
     for path, blob in sorted(expected.items()):
         found = file_blob(target.disk(path))
@@ -275,17 +279,17 @@ def git_dirty(target: Target) -> list[str]:
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
-def foreign_commits(target: Target, state: dict | None) -> list[str]:
-    if not (target.is_git and state and state.get("head")):
+def foreign_commits(target: Target, state: TreeState | None) -> list[str]:
+    if not (target.is_git and state and state.head):
         return []
-    head = target.head()
-    if head == state["head"]:
+    head, applied = target.head(), state.head
+    if head == applied:
         return []
     try:
-        out = git(target.root, "rev-list", "--oneline", f"{state['head']}..{head}")
+        out = git(target.root, "rev-list", "--oneline", f"{applied}..{head}")
     except EngineError:
-        return [f"HEAD {head[:12]} does not descend from the applied head {state['head'][:12]}"]
-    return out.splitlines() or [f"HEAD moved from {state['head'][:12]} to {head[:12]}"]
+        return [f"HEAD {head[:12]} does not descend from the applied head {applied[:12]}"]
+    return out.splitlines() or [f"HEAD moved from {applied[:12]} to {head[:12]}"]
 
 
 def show_diff(target: Target, drifted: list[dict]) -> str:
@@ -299,7 +303,7 @@ def show_diff(target: Target, drifted: list[dict]) -> str:
     return "\n".join(lines[:DIFF_LINES] + (["..."] if len(lines) > DIFF_LINES else []))
 
 
-def refuse_if_dirty(target: Target, state: dict | None) -> None:
+def refuse_if_dirty(target: Target, state: TreeState | None) -> None:
     dirty = git_dirty(target)
     if dirty:
         diff = git(target.root, "diff", "--stat", "HEAD") + git(target.root, "diff", "HEAD")
@@ -354,9 +358,9 @@ class Staging:
             if blob:
                 dest = self.work / path
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(self._base(path, blob))
+                dest.write_bytes(self.base_content(path, blob))
 
-    def _base(self, path: str, blob: str) -> bytes:
+    def base_content(self, path: str, blob: str) -> bytes:
         """The pristine content: the file on disk while it still is the base (a first
         apply, before anything is stored), else the target's content store."""
         disk = self.target.disk(path)
@@ -542,7 +546,7 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
     state = target.state()
     refuse_if_dirty(target, state)
     base_files = _base_files(target, state, request)
-    current = [(a["name"], a["sha256"]) for a in (state or {}).get("applied", [])]
+    current = [(a.name, a.sha256) for a in state.applied] if state else []
     if state is not None and current == [(s["name"], s["sha256"]) for s in desired]:
         return _result(target, state, changed=False, before=current)
     for spec in desired:
@@ -572,61 +576,61 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
     return _result(target, new_state, changed=True, before=current)
 
 
-def _base_files(target: Target, state: dict | None, request: dict) -> dict:
+def _base_files(target: Target, state: TreeState | None, request: dict) -> dict:
     """The pin's pre-images of every file managed so far, plus any the request adds (a
     series that grew touches new files): those must still be the pin on disk."""
-    known = dict(state["base"]["files"]) if state else {}
+    known = dict(state.base["files"]) if state else {}
     new = {p: b for p, b in request.get("base_files", {}).items() if p not in known}
     verify_base(target, new)
     return {**known, **new}
 
 
-def _store_base(target: Target, state: dict | None, base_files: dict) -> None:
+def _store_base(target: Target, state: TreeState | None, base_files: dict) -> None:
     """Keep the pristine pre-images of a plain tree, so any later revert is exact."""
     if target.is_git:
         return
     for path, blob in base_files.items():
-        if blob and (state is None or path not in state["base"]["files"]):
+        if blob and (state is None or path not in state.base["files"]):
             target.store_blob(target.disk(path).read_bytes())
 
 
-def _new_state(target: Target, request: dict, state: dict | None, base_files: dict,
-               desired: list[dict], staging: Staging) -> dict:
+def _new_state(target: Target, request: dict, state: TreeState | None, base_files: dict,
+               desired: list[dict], staging: Staging) -> TreeState:
     files = {path: (blob_id(c) if (c := staging.content(path)) is not None else None)
              for path in sorted(set(base_files) | {c["path"] for s in desired for c in s["files"]})}
-    return {
-        "format": STATE_FORMAT, "tool_version": request.get("tool_version", "?"),
-        "updated": _now(), "kind": "git" if target.is_git else "plain", "layout": target.layout,
-        "upstream": request.get("upstream") if state is None else state["upstream"],
-        "base": {"commit": (state or {}).get("base", {}).get("commit") or target.head(),
-                 "files": base_files},
-        "applied": [{k: s.get(k) for k in ("name", "sha256", "summary", "depends", "gate",
-                                           "path", "tier", "files")} for s in desired],
-        "head": None, "files": files,
-    }
+    return TreeState(
+        tool_version=request.get("tool_version", "?"), updated=now_stamp(),
+        kind="git" if target.is_git else "plain", layout=target.layout,
+        upstream=request.get("upstream") if state is None else state.upstream,
+        base={"commit": (state.base.get("commit") if state else None) or target.head(),
+              "files": base_files},
+        applied=[AppliedPatch.from_json({k: s[k] for k in (
+            "name", "sha256", "summary", "depends", "gate", "path", "tier", "files", "trace",
+            "trace_mode") if k in s}) for s in desired],
+        head=None, files=files)
 
 
-def _journal(target: Target, request: dict, state: dict | None, desired: list[dict],
-             staging: Staging, steps: list, new_state: dict) -> dict:
+def _journal(target: Target, request: dict, state: TreeState | None, desired: list[dict],
+             staging: Staging, steps: list, new_state: TreeState) -> dict:
     for spec in desired:
         _keep_patch_copy(target, spec, staging)
-    old = state["files"] if state else request["base_files"]
-    files = {p: {"old": old.get(p), "new": b} for p, b in new_state["files"].items()
+    old = state.files if state else request["base_files"]
+    files = {p: {"old": old.get(p), "new": b} for p, b in new_state.files.items()
              if old.get(p) != b}
     new_head = None
     if target.is_git:
-        git(target.root, "update-ref", BASE_REF, new_state["base"]["commit"])
-        commits = write_commits(target, staging, new_state["base"]["commit"], desired, steps)
-        for applied, commit in zip(new_state["applied"], commits):
-            applied["commit"] = commit
-        new_head = commits[-1] if commits else new_state["base"]["commit"]
-        new_state["head"] = new_head
+        git(target.root, "update-ref", BASE_REF, new_state.base["commit"])
+        commits = write_commits(target, staging, new_state.base["commit"], desired, steps)
+        for applied, commit in zip(new_state.applied, commits):
+            applied.commit = commit
+        new_head = commits[-1] if commits else new_state.base["commit"]
+        new_state.head = new_head
     else:
-        for path in new_state["files"]:
+        for path in new_state.files:
             if (data := staging.content(path)) is not None:
                 target.store_blob(data)
     return {"id": f"{int(time.time())}-{os.getpid()}", "op": request["op"], "files": files,
-            "old_head": target.head(), "new_head": new_head, "state": new_state}
+            "old_head": target.head(), "new_head": new_head, "state": new_state.to_json()}
 
 
 def _keep_patch_copy(target: Target, spec: dict, staging: Staging) -> None:
@@ -635,9 +639,9 @@ def _keep_patch_copy(target: Target, spec: dict, staging: Staging) -> None:
         write_atomic(dest, Path(spec["_source"]).read_bytes())
 
 
-def _result(target: Target, state: dict, changed: bool, before: list) -> dict:
+def _result(target: Target, state: TreeState, changed: bool, before: list) -> dict:
     return {"changed": changed, "before": [n for n, _ in before],
-            "after": [a["name"] for a in state["applied"]], "head": state.get("head"),
+            "after": state.names(), "head": state.head,
             "target": str(target.root)}
 
 
@@ -648,8 +652,8 @@ def op_apply(target: Target, request: dict, bundle: Path) -> dict:
 
 def op_revert(target: Target, request: dict, bundle: Path) -> dict:
     state = target.state()
-    applied = (state or {}).get("applied", [])
-    names = [a["name"] for a in applied]
+    applied = state.applied if state else []
+    names = [a.name for a in applied]
     remove = set(request["names"])
     missing = sorted(remove - set(names))
     if missing:
@@ -661,20 +665,21 @@ def op_revert(target: Target, request: dict, bundle: Path) -> dict:
                           "revert those too with --with-dependents", "usage")
     remove |= set(dependents)
     patches = target.meta / "patches"
-    desired = [dict(a, file=f"{a['sha256']}.patch", _source=str(patches / f"{a['sha256']}.patch"))
-               for a in applied if a["name"] not in remove]
+    desired = [dict(a.to_json(), file=f"{a.sha256}.patch",
+                    _source=str(patches / f"{a.sha256}.patch"))
+               for a in applied if a.name not in remove]
     result = transition(target, request, desired, patches)
     result["reverted"] = [n for n in names if n in remove]
     return result
 
 
-def _dependents(applied: list[dict], remove: set[str]) -> list[str]:
+def _dependents(applied: list[AppliedPatch], remove: set[str]) -> list[str]:
     out: list[str] = []
     gone = set(remove)
     for item in applied:
-        if item["name"] not in gone and set(item.get("depends") or ()) & gone:
-            gone.add(item["name"])
-            out.append(item["name"])
+        if item.name not in gone and set(item.depends or ()) & gone:
+            gone.add(item.name)
+            out.append(item.name)
     return out
 
 
@@ -682,28 +687,28 @@ def op_status(target: Target, request: dict) -> dict:
     """Read-only: never takes the lock, never repairs; says what the next command will do."""
     state = target.state()
     journal = read_json(target.journal_file)
-    return {
-        "target": str(target.root), "kind": "git" if target.is_git else "plain",
-        "layout": target.layout, "managed": state is not None,
-        "state_version": state["format"] if state else None,
-        "tool_version": state.get("tool_version") if state else None,
-        "updated": state.get("updated") if state else None,
-        "upstream": state.get("upstream") if state else None,
-        "base": state["base"] if state else None,
-        "applied": [{k: a.get(k) for k in ("name", "sha256", "commit", "gate", "path", "tier")}
-                    for a in (state or {}).get("applied", [])],
-        "head": target.head(),
-        "drift": [] if journal else drift(target, state),
-        "dirty": git_dirty(target),
-        "foreign_commits": foreign_commits(target, state) if not journal else [],
-        "interrupted": ({"op": journal["op"], "id": journal["id"],
-                         "files": len(journal["files"]),
-                         "next": "the next apply or revert finishes it"} if journal else None),
-        "locked_by": _lock_holder(target),
-        "bisect": read_json(target.bisect_file),
-        "interpreter": interpreter_facts(target, request.get("python")),
-        "units": unit_facts(target, state),
-    }
+    return StatusRecord(
+        target=str(target.root), kind="git" if target.is_git else "plain",
+        layout=target.layout, managed=state is not None,
+        state_version=state.format if state else None,
+        tool_version=state.tool_version if state else None,
+        updated=state.updated if state else None,
+        upstream=state.upstream if state else None,
+        base=state.base if state else None,
+        applied=[{k: getattr(a, k) for k in ("name", "sha256", "commit", "gate", "path", "tier")}
+                 for a in (state.applied if state else [])],
+        head=target.head(),
+        drift=[] if journal else drift(target, state),
+        dirty=git_dirty(target),
+        foreign_commits=foreign_commits(target, state) if not journal else [],
+        interrupted=({"op": journal["op"], "id": journal["id"],
+                      "files": len(journal["files"]),
+                      "next": "the next apply or revert finishes it"} if journal else None),
+        locked_by=_lock_holder(target),
+        bisect=read_json(target.bisect_file),
+        interpreter=interpreter_facts(target, request.get("python")),
+        units=unit_facts(target, state),
+    ).to_json()
 
 
 # ---------------------------------------------------------------- bisect record
@@ -761,7 +766,7 @@ def op_capture(target: Target, request: dict, bundle: Path) -> dict:
     if not files:
         raise EngineError(f"target {target.root} has no hand edits to capture", "usage")
     return {"target": str(target.root), "diff": diff, "files": files,
-            "applied": [a["name"] for a in state["applied"]]}
+            "applied": state.names()}
 
 
 def _capture_git(target: Target) -> tuple[str, dict]:
@@ -785,7 +790,7 @@ def _capture_git(target: Target) -> tuple[str, dict]:
     return diff, files
 
 
-def _capture_plain(target: Target, state: dict) -> tuple[str, dict]:
+def _capture_plain(target: Target, state: TreeState) -> tuple[str, dict]:
     """Managed files that differ from the state, diffed against the stored expected blob."""
     parts, files = [], {}
     for item in drift(target, state):
@@ -834,12 +839,39 @@ def _file_diff(path: str, old: bytes | None, new: bytes | None, mode: str) -> st
     return "".join(out)
 
 
+# ---------------------------------------------------------------- trace targets
+
+def trace_targets(target: Target, state: TreeState | None) -> dict[str, list[dict]]:
+    """`name:sha12` -> the trace targets (tracetargets.for_patch) of every applied patch,
+    from each patch's own pre- and post-images: the applied series rebuilt off to the side
+    from the copies kept in .patchset/patches (the same build as a revert's). Read-only."""
+    if state is None or not state.applied:
+        return {}
+    patches = target.meta / "patches"
+    desired = [dict(a.to_json(), file=f"{a.sha256}.patch") for a in state.applied]
+    with tempfile.TemporaryDirectory(prefix="patchset-trace-") as scratch:
+        staging, steps = build(target, desired, patches, state.base["files"],
+                               set(state.base["files"]), Path(scratch) / "txn")
+        current = {p: (staging.base_content(p, b) if b else None)
+                   for p, b in state.base["files"].items()}
+    out = {}
+    for applied, step in zip(state.applied, steps):
+        files = []
+        for path, after in step:
+            files.append((path, current.get(path), after))
+            current[path] = after
+        found = tracetargets.for_patch(applied.name, files, target.prefix, applied.trace,
+                                       applied.trace_mode)
+        out[f"{applied.name}:{applied.sha256[:12]}"] = [t.to_json() for t in found]
+    return out
+
+
 # ---------------------------------------------------------------- units serving the tree
 
 UNIT_MARK = re.compile(r"^X-Patchset-(Tree|Role)=(.*)$", re.M)
 
 
-def unit_facts(target: Target, state: dict | None) -> list[dict]:
+def unit_facts(target: Target, state: TreeState | None) -> list[UnitStatus]:
     """The systemd units that serve this tree (`X-Patchset-Tree=` in the unit, written by
     `patchset deploy`), and whether each still runs the tree as it is now: an active
     unit is judged by the one staleness rule (staleness.judge), from the unit's main
@@ -849,8 +881,8 @@ def unit_facts(target: Target, state: dict | None) -> list[dict]:
         files = sorted(unit_dir.glob("*.service"))
     except OSError:
         return []
-    applied = (state or {}).get("applied", [])
-    updated = (state or {}).get("updated")
+    applied = [a.to_json() for a in state.applied] if state else []
+    updated = state.updated if state else None
     out = []
     for path in files:
         try:
@@ -860,28 +892,46 @@ def unit_facts(target: Target, state: dict | None) -> list[dict]:
         tree = marks.get("Tree", "").strip()
         if not tree or Path(tree).resolve() != target.root:
             continue
-        out.append(_unit_fact(path, marks.get("Role", "").strip(), applied, updated))
+        out.append(_unit_fact(target, path, marks.get("Role", "").strip(), applied, updated))
     return out
 
 
-def _unit_fact(path: Path, role: str, applied: list[dict], updated: str | None) -> dict:
+def _unit_fact(target: Target, path: Path, role: str, applied: list[dict],
+               updated: str | None) -> UnitStatus:
     show = runner.unit_show(path.name)
     pid = show.get("MainPID") or 0
     started = systemd.main_started(show, time.time(), time.monotonic())
     environ = runner.environ_of(pid) if pid else None
+    imports, managed = _process_imports(target, pid, environ) if pid else (None, None)
     running = environ.get(staleness.PATCHES_VAR) if environ is not None else None
     stale, why = staleness.judge(started, running, applied, updated, role, pid)
     active = show.get("ActiveState") == "active"
-    return {
-        "unit": path.name, "role": role, "path": str(path),
-        "active": show.get("ActiveState"), "sub": show.get("SubState"), "main_pid": pid,
-        "started": _iso(started), "tree_changed": updated,
-        "running_patches": running,
-        "patches": " ".join(staleness.role_patch_ids(applied, role)),
-        "stale": bool(active and stale), "stale_reason": why if active else "not running",
-        "need_daemon_reload": show.get("NeedDaemonReload") == "yes",
-        "enabled": show.get("UnitFileState"),
-    }
+    return UnitStatus(
+        unit=path.name, role=role, path=str(path),
+        active=show.get("ActiveState"), sub=show.get("SubState"), main_pid=pid,
+        started=_iso(started), tree_changed=updated, running_patches=running,
+        patches=" ".join(staleness.role_patch_ids(applied, role)),
+        stale=bool(active and stale), stale_reason=why if active else "not running",
+        need_daemon_reload=show.get("NeedDaemonReload") == "yes",
+        enabled=show.get("UnitFileState"), imports=imports, managed=managed)
+
+
+def _process_imports(target: Target, pid: int,
+                     environ: dict[str, str] | None) -> tuple[str | None, bool | None]:
+    """Which tree the unit's running process imports, asked as the audit asks it
+    (runner.process_import): (origin, is it this tree) or (None, None) if unknown."""
+    if environ is None:
+        return None, None
+    _, value = runner.process_import(pid, runner.argv_of(pid), environ, target.package)
+    if not value.known:
+        return None, None
+    origin = value.value["origin"]
+    return origin, _is_managed(target, origin)
+
+
+def _is_managed(target: Target, origin: str | None) -> bool:
+    managed_dir = target.disk(target.prefix + target.package)
+    return bool(origin) and Path(origin).resolve().parent == managed_dir.resolve()
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -890,19 +940,23 @@ def _iso(epoch: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{int(epoch % 1 * 1000):03d}Z"
 
 
-def interpreter_facts(target: Target, python: str | None) -> dict | None:
+def interpreter_facts(target: Target, python: str | None) -> Interpreter | None:
     """Which tree does the SGLang interpreter really import? (find_spec, never an import:
     the one reader, runner.import_origin, that the audit uses for each server too.)"""
     if not python:
         return None
     raw, value = runner.import_origin(python, target.package)
+    if not value.known and raw.get("exit_code") == 0:
+        # it ran and imports no such package: patching this tree is a no-op for it
+        return Interpreter(python=python, managed=False, error=value.reason,
+                           expected=str(target.disk(target.prefix + target.package) /
+                                        "__init__.py"))
     if not value.known:
-        return {"python": python, "imports": None, "managed": None, "error": value.reason}
+        return Interpreter(python=python, error=value.reason)
     origin = value.value["origin"]
-    managed_dir = target.disk(target.prefix + target.package)
-    managed = bool(origin) and Path(origin).resolve().parent == managed_dir.resolve()
-    return {"python": python, "imports": origin, "managed": managed,
-            "expected": str(managed_dir / "__init__.py")}
+    return Interpreter(python=python, imports=origin, managed=_is_managed(target, origin),
+                       expected=str(target.disk(target.prefix + target.package) /
+                                    "__init__.py"))
 
 
 def _lock_holder(target: Target) -> str | None:

@@ -1,14 +1,14 @@
 """The gatherer: runs on the audited host, collects every raw fact in one go, prints JSON.
 
-Standard library only. Shipped with `auditor.facts` (the commands and parsers), the
-redactor and patchset's engine (for the tree's state) as one tar, like the engine's apply:
-one upload and one command per host. Run in-process for localhost.
+Part of the agent (standard library only): the `audit` op, one upload and one command per
+host like every other op; in-process for localhost. It reads through runner.py and the
+fact classes (facts/), and asks the engine for the tree's status.
 
 It chains what one step tells the next (unit -> MainPID -> scheduler children -> port ->
 /server_info -> model path -> index -> shard headers), so it parses a little itself, with
 the same fact classes the controller uses. Every record keeps its provenance (command,
 exit code, duration); nothing here raises for a fact that cannot be had: the record says
-why. Secrets are redacted before anything is returned (patchset.redact).
+why. Secrets are redacted before anything is returned (redact.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from .facts import checkpoint as ck
-from .facts import gpu, http, procs, systemd, tree
+from .facts import gpu, http, procs, systemd, trace, tree
+from .tracer import DIR_VAR as TRACE_DIR_VAR
 from .facts.base import Command
 from .redact import Redactor
-from .runner import HTTP_TIMEOUT, RUN_TIMEOUT, Runner, argv_of, environ_of, import_origin
+from .runner import (HTTP_TIMEOUT, RUN_TIMEOUT, Runner, argv_of, environ_of, process_import,
+                     readlink)
 
 FORMAT = 1
 VERSION = "1"
@@ -106,7 +108,7 @@ class Gatherer:
             "cmdline": self.r.read(procs.ProcCmdline().command(pid=pid), "cmdline"),
             "environ": self.r.read(procs.ProcEnviron().command(pid=pid), "environ"),
             "cgroup": self.r.read(Command("read", target=f"/proc/{pid}/cgroup", limit=65536)),
-            "exe": _readlink(f"/proc/{pid}/exe"), "cwd": _readlink(f"/proc/{pid}/cwd"),
+            "exe": readlink(f"/proc/{pid}/exe"), "cwd": readlink(f"/proc/{pid}/cwd"),
             "children": [],
         }
         config = _flag(argv, "--config")
@@ -124,6 +126,9 @@ class Gatherer:
                 "environ": self.r.read(procs.ProcEnviron().command(pid=cpid), "environ")})
         if kind == "router":
             return rec
+        if environ.get(TRACE_DIR_VAR):        # the tracer's records (deploy's `trace: true`)
+            rec["trace"] = self.r.trace_dir(trace.TraceRecords().command(
+                path=environ[TRACE_DIR_VAR]))
         host, port = _listen(argv)
         base = f"http://{_connect_host(host)}:{port}"
         token = (_flag(argv, "--api-key") or _config_value(config_path, "api-key")
@@ -132,9 +137,8 @@ class Gatherer:
         rec["server_info"] = self.http_first(http.ServerInfo(), base, token)
         rec["model_info"] = self.http_first(http.ModelInfo(), base, token)
         rec["health"] = self.r.http(http.Health().command(base=base), token)
-        rec["imports"], _ = import_origin(
-            _interpreter(argv, rec["exe"], environ), self.req.get("package", "sglang"),
-            cwd=rec["cwd"] or "", pythonpath=environ.get("PYTHONPATH"), runner=self.r)
+        rec["imports"], _ = process_import(pid, argv, environ, self.req.get("package", "sglang"),
+                                           self.r)
         info = http.ServerInfo().collect(rec["server_info"]).value or {}
         rec["model"] = info.get("model_path") or _flag(argv, "--model-path") or \
             _flag(argv, "--model")
@@ -262,24 +266,6 @@ def _descendants(pid: int, table: list[dict]) -> list[dict]:
         out += nxt
         frontier = {p["pid"] for p in nxt}
     return out
-
-
-def _interpreter(argv: list[str], exe: str | None, environ: dict[str, str]) -> str:
-    """The interpreter as the server was started: argv[0], not /proc/PID/exe, because a
-    venv's python is a symlink and only its own path activates the venv."""
-    import shutil
-    first = argv[0] if argv else ""
-    if first and os.path.isabs(first) and os.path.exists(first):
-        return first
-    found = shutil.which(first, path=environ.get("PATH")) if first else None
-    return found or exe or "python3"
-
-
-def _readlink(path: str) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
 
 
 def _flag(argv: list[str], name: str) -> str | None:

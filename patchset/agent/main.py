@@ -15,11 +15,8 @@ import sys
 from pathlib import Path
 
 from . import deployer, engine, gather
-from .protocol import PROTOCOL, Events, error, result_line
+from .protocol import GATHER_OPS, PROTOCOL, TREE_OPS, UNIT_OPS, Events, error, result_line
 
-TREE_OPS = ("apply", "revert", "status", "capture", "bisect-mark")
-UNIT_OPS = ("facts", "deploy")
-GATHER_OPS = ("audit",)
 OPS = TREE_OPS + UNIT_OPS + GATHER_OPS
 # ops that run in their own process even for a local tree: a deploy's transaction (and its
 # rollback) must outlive a Ctrl-C or a closed terminal of the controller

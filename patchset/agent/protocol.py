@@ -15,6 +15,12 @@ import sys
 from typing import Any, Callable
 
 PROTOCOL = 1
+# the ops, by the part of the agent that serves them (main.py dispatches on these)
+TREE_OPS = ("apply", "revert", "status", "capture", "bisect-mark")     # engine.py
+UNIT_OPS = ("facts", "deploy")                                         # deployer.py
+GATHER_OPS = ("audit",)                                                # gather.py
+PARTS = {**{op: "the engine" for op in TREE_OPS}, **{op: "the deploy runner" for op in UNIT_OPS},
+         **{op: "the gatherer" for op in GATHER_OPS}}
 
 
 def error(kind: str, message: str, details: str = "") -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .facts import checkpoint as ck
-from .facts import procs, systemd, tree
+from .facts import procs, systemd, trace, tree
 from .facts.base import Command
 from .redact import Redactor, is_secret_name
 
@@ -160,6 +160,25 @@ class Runner:
                            header_len=length, bytes_read=read, file_size=size,
                            tensors_in_header=len(header) - ("__metadata__" in header))
 
+    def trace_dir(self, cmd: Command) -> dict:
+        """Every *.json of a trace directory (the tracer's per-process records), parsed;
+        bounded in files and bytes. Redacted like everything else (they hold no secret)."""
+        start = time.monotonic()
+        try:
+            names = sorted(n for n in os.listdir(cmd.target) if n.endswith(".json"))
+        except OSError as exc:
+            return self.record(cmd, start, exit_code=exc.errno or 1,
+                               stderr=exc.strerror or str(exc))
+        files: dict[str, Any] = {}
+        for name in names[:trace.MAX_FILES]:
+            try:
+                with open(os.path.join(cmd.target, name), "rb") as handle:
+                    files[name] = json.loads(handle.read(cmd.limit or trace.MAX_BYTES))
+            except (OSError, ValueError) as exc:
+                files[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        return self.record(cmd, start, exit_code=0, stdout=json.dumps(self.red.value(files)),
+                           files=len(names))
+
     def scan(self, cmd: Command) -> dict:
         """Processes mentioning sglang and all their descendants, from /proc."""
         start = time.monotonic()
@@ -235,3 +254,31 @@ def import_origin(python: str, package: str, cwd: str = "", pythonpath: str | No
         fact.command(python=python, cwd=cwd, pythonpath=pythonpath, package=package),
         timeout=timeout)
     return raw, fact.collect(raw)
+
+
+def process_import(pid: int, argv: list[str], environ: dict[str, str], package: str,
+                   runner: Runner | None = None) -> tuple[dict, Any]:
+    """Where `import PACKAGE` resolves for a running process, asked the way it was started
+    (its interpreter, working directory and PYTHONPATH): the one answer the audit (per
+    server) and `status` (per unit) both give. (raw record, parsed fact value)."""
+    return import_origin(interpreter_of(argv, readlink(f"/proc/{pid}/exe"), environ), package,
+                         cwd=readlink(f"/proc/{pid}/cwd") or "",
+                         pythonpath=environ.get("PYTHONPATH"), runner=runner)
+
+
+def interpreter_of(argv: list[str], exe: str | None, environ: dict[str, str]) -> str:
+    """The interpreter as the server was started: argv[0], not /proc/PID/exe, because a
+    venv's python is a symlink and only its own path activates the venv."""
+    import shutil
+    first = argv[0] if argv else ""
+    if first and os.path.isabs(first) and os.path.exists(first):
+        return first
+    found = shutil.which(first, path=environ.get("PATH")) if first else None
+    return found or exe or "python3"
+
+
+def readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None

@@ -48,13 +48,18 @@ def role_patch_ids(applied: Iterable[dict], role: Any) -> list[str]:
 
 
 def epoch(stamp: Any) -> float | None:
-    """The state's `updated` stamp (`2026-12-01T14:00:00Z`) as epoch seconds."""
-    if not isinstance(stamp, str):
+    """The state's `updated` stamp as epoch seconds: `2026-12-01T14:00:00.123Z` (state
+    format 2) or `2026-12-01T14:00:00Z` (format 1)."""
+    if not isinstance(stamp, str) or not stamp.endswith("Z"):
+        return None
+    whole, dot, frac = stamp[:-1].partition(".")
+    if dot and not frac.isdigit():
         return None
     try:
-        return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
+        seconds = float(calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")))
     except ValueError:
         return None
+    return seconds + (float(f"0.{frac}") if frac else 0.0)
 
 
 def iso(value: float) -> str:

@@ -1,6 +1,7 @@
 """The audit command."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# says why); a name imported only for type checking is quoted.
 
 import sys
 from pathlib import Path
@@ -8,7 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from .app import (AcceptNewOpt, InventoryOpt, SecondsOpt, SeriesOpt, TargetOpt, app, load,
+from .app import (AcceptNewOpt, InventoryOpt, JsonOpt, SecondsOpt, SeriesOpt, TargetOpt, app,
+                  emit_json, esc, host_error, load, term,
                   output_file, resolver_for, say, write_atomic)
 
 
@@ -60,3 +62,60 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         sys.stdout.write(text)
     if code:
         raise typer.Exit(code)
+
+
+# ---------------------------------------------------------------- trace (what ran)
+
+@app.command()
+def trace(hosts: List[str] = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                            "localhost; several run in parallel"),
+          target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+          accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
+          series: Optional[Path] = SeriesOpt) -> None:
+    """Which patched functions ran, per server and process (patchset's tracer, started
+    by deploy): per patch the targets that ran (first call) and those that did not. Exit
+    0, 1 when what ran contradicts what is declared, 3 unreachable."""
+    from auditor import cli_support, traceview
+    from patchset.errors import Exit
+    s = load(series)
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        transports = [resolver.audit_transport(h) for h in hosts]
+        report, data, _ = cli_support.run(s, transports, None, resolver.inventory, hosts)
+    views = traceview.view(report)
+    if as_json:
+        emit_json(traceview.to_json(views))
+    else:
+        _render_trace(report, views)
+    down = [h for h in report.hosts if not h.facts.reachable]
+    failed = [h for h in report.hosts if h.facts.reachable and h.facts.error]
+    code = Exit.combine([Exit.UNREACHABLE] * bool(down) + [Exit.FINDINGS] * bool(
+        failed or any(v.contradictions for v in views)))
+    if code:
+        raise typer.Exit(code)
+
+
+def _render_trace(report, views) -> None:
+    console = term()
+    for host in report.hosts:
+        if not host.facts.reachable or host.facts.error:
+            host_error(host.host, host.facts.error or "unreachable")
+    for v in views:
+        console.print(f"[bold]{esc(v.host)}[/bold] {esc(v.server)}")
+        if not v.traced:
+            console.print(f"  not traced: {esc(v.why)}; states are declared only")
+        for proc in v.processes:
+            ran = sum(r.ran for r in proc.targets)
+            console.print(f"  pid {proc.pid} {proc.title} ({proc.mode}): {ran} of "
+                          f"{len(proc.targets)} targets ran", markup=False)
+            for row in proc.targets:
+                mark = "ran " if row.ran else "    "
+                via = f" via {row.via}" if row.via else ""
+                owner = ",".join(p.split(":")[0] for p in row.patches)
+                console.print(f"    {mark}{row.target}{via}  [{owner}]", markup=False)
+            for why in proc.unavailable:
+                console.print(f"    [yellow]unavailable: {esc(why)}[/yellow]")
+        for p in v.patches:
+            if p.contradiction:
+                console.print(f"  [red]{esc(p.patch)}: {esc(p.contradiction)}[/red]: "
+                              f"{esc(p.reason)}")
+

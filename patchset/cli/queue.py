@@ -1,20 +1,26 @@
 """The patch-queue commands: list, show, check, plan, apply, revert, status, provision
 (and the unit side of apply --restart and status)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# says why); a name imported only for type checking is quoted.
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from .. import __version__
 from ..errors import Exit
+
+if TYPE_CHECKING:
+    from ..agent.records import UnitStatus
+    from ..api import HostStatus
 from .app import (AcceptNewOpt, DeployView, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt,
                   LockWaitOpt, OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app,
                   emit_json, esc, finish, host_error, load, printable_block, result_line,
-                  resolver_for, say, selection, ship_base, summary, term)
+                  resolver_for, retry_bisect_refusals, say, selection, ship_base, summary,
+                  term)
 
 
 
@@ -186,10 +192,8 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         transports = [resolver.transport(h) for h in hosts]
         results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
                             base_provider=ship_base(s))
-        from isolate.bisect import retry_pending
-        results = retry_pending(s, resolver, hosts, results, lambda i: api.apply(
-            s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0],
-            say)
+        results = retry_bisect_refusals(s, resolver, hosts, results, lambda i: api.apply(
+            s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0])
         if restart and not dry_run:
             restarts = _restart_after_apply(s, resolver, hosts, transports, results,
                                             health_timeout, lock_wait)
@@ -217,8 +221,7 @@ def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
         def run_revert(_: int = 0):
             return api.revert(s, names, transport, with_dependents=with_dependents,
                               lock_wait=lock_wait)
-        from isolate.bisect import retry_pending
-        [result] = retry_pending(s, resolver, [spec], [run_revert()], run_revert, say)
+        [result] = retry_bisect_refusals(s, resolver, [spec], [run_revert()], run_revert)
     finish([result], as_json, "revert")
 
 
@@ -236,80 +239,81 @@ def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the
                       for h in hosts or [resolver.default()]]
         states = api.on_hosts(transports, lambda t: api.status_or_error(s, t))
     if as_json:
-        emit_json(states)
+        emit_json([st.to_json() for st in states])
     else:
         for state in states:
             _render_status(state)
     # A host's error is its code; drift, hand edits or stale units on any host are findings.
-    codes = {st.get("exit_code", Exit.OK) for st in states}
+    codes = {st.exit_code for st in states}
     if Exit.UNREACHABLE not in codes:
-        if any(api.has_findings(st) or api.stale_units(st) for st in states):
+        if any(st.has_findings() or st.stale_units() for st in states):
             codes.add(Exit.FINDINGS)
     code = Exit.combine(codes)
     if code:
         raise typer.Exit(code)
 
 
-def _render_status(st: dict) -> None:
+def _render_status(hs: "HostStatus") -> None:
     console = term()
-    if st.get("error"):
-        host_error(st["host"], st["error"])
+    st = hs.record
+    if st is None:
+        host_error(hs.host, hs.error or "no status")
         return
-    console.print(f"[bold]{esc(st['host'])}[/bold] {esc(st['target'])} ({st['kind']} tree, "
-                  f"{st['layout']} layout)")
-    console.print(f"  base: {st['pinned_base']}"
-                  + (f", commit {st['base']['commit'][:12]}" if st.get('base') and
-                     st['base'].get('commit') else ""), markup=False)
-    console.print(f"  state version: {st['state_version'] or '-'}  tool {st['tool_version'] or '-'}"
-                  f"  updated {st['updated'] or '-'}", markup=False)
-    applied = st["applied"]
-    console.print(f"  applied ({len(applied)}): "
-                  + (", ".join(a["name"] for a in applied) or "none"), markup=False)
-    for key, label in (("drift", "drift"), ("dirty", "uncommitted"),
-                       ("foreign_commits", "foreign commits")):
-        for item in st.get(key) or []:
+    console.print(f"[bold]{esc(hs.host)}[/bold] {esc(st.target)} ({st.kind} tree, "
+                  f"{st.layout} layout)")
+    console.print(f"  base: {hs.pinned_base}"
+                  + (f", commit {st.base['commit'][:12]}" if st.base and
+                     st.base.get('commit') else ""), markup=False)
+    console.print(f"  state version: {st.state_version or '-'}  tool {st.tool_version or '-'}"
+                  f"  updated {st.updated or '-'}", markup=False)
+    console.print(f"  applied ({len(st.applied)}): "
+                  + (", ".join(a["name"] for a in st.applied) or "none"), markup=False)
+    for items, label in ((st.drift, "drift"), (st.dirty, "uncommitted"),
+                         (st.foreign_commits, "foreign commits")):
+        for item in items:
             text = item["path"] if isinstance(item, dict) else item
             console.print(f"  [red]{label}[/red]: {esc(text)}")
-    if st.get("interrupted"):
-        i = st["interrupted"]
+    if st.interrupted:
+        i = st.interrupted
         console.print(f"  [yellow]interrupted {esc(i['op'])} ({esc(i['id'])}): "
                       f"{esc(i['next'])}[/yellow]")
-    interp = st.get("interpreter")
+    interp = st.interpreter
     if interp:
-        where = interp.get("imports") or interp.get("error") or "no sglang"
-        mark = "" if interp.get("managed") else "  [red]NOT the managed tree: patches here " \
+        where = interp.imports or interp.error or "no sglang"
+        mark = "" if interp.managed else "  [red]NOT the managed tree: patches here " \
             "are a silent no-op for the server[/red]"
-        console.print(f"  {esc(interp['python'])} imports {esc(where)}{mark}")
-    if st.get("locked_by"):
-        console.print(f"  locked by {st['locked_by']}", markup=False)
-    if st.get("bisect"):
-        b = st["bisect"]
+        console.print(f"  {esc(interp.python)} imports {esc(where)}{mark}")
+    if st.locked_by:
+        console.print(f"  locked by {st.locked_by}", markup=False)
+    if st.bisect:
+        b = st.bisect
         console.print(f"  [yellow]bisect {esc(b.get('id'))} by {esc(b.get('by'))} since "
                       f"{esc(b.get('started'))}"
                       " holds this host in a test state: it restores when it ends, else the "
                       "next apply/revert/deploy from its machine or `patchset bisect HOST "
                       "--restore` does[/yellow]")
-    _render_units(console, st)
-    if not any(st.get(k) for k in ("drift", "dirty", "foreign_commits", "interrupted",
-                                    "bisect")):
+    _render_units(console, hs.host, st.units)
+    if not (st.drift or st.dirty or st.foreign_commits or st.interrupted or st.bisect):
         console.print("  clean")
 
 
-def _render_units(console, st: dict) -> None:
+def _render_units(console, host: str, units: "list[UnitStatus]") -> None:
     """The units that serve this tree (prefill, decode order); stale ones say how to fix."""
     order = {"prefill": 0, "decode": 1}
-    for u in sorted(st.get("units") or [], key=lambda u: (order.get(u.get("role"), 9),
-                                                          u["unit"])):
-        state = f"{u.get('active')}/{u.get('sub')}"
-        pid = f", pid {u['main_pid']}, started {u['started']}" if u.get("main_pid") else ""
-        console.print(f"  unit {u['unit']} ({u['role']}): {state}{pid}", markup=False)
-        if u.get("stale"):
-            console.print(f"  [red]STALE[/red]: {esc(u['unit'])} started before the tree "
-                          f"changed ({esc(u['tree_changed'])}) and runs other patches than "
+    for u in sorted(units, key=lambda u: (order.get(u.role, 9), u.unit)):
+        state = f"{u.active}/{u.sub}"
+        pid = f", pid {u.main_pid}, started {u.started}" if u.main_pid else ""
+        console.print(f"  unit {u.unit} ({u.role}): {state}{pid}", markup=False)
+        if u.stale:
+            console.print(f"  [red]STALE[/red]: {esc(u.unit)} started before the tree "
+                          f"changed ({esc(u.tree_changed)}) and runs other patches than "
                           f"its role now has; run `patchset apply --restart` or `patchset "
-                          f"deploy {esc(st['host'])} --role {esc(u['role'])}`")
-        if u.get("need_daemon_reload"):
-            console.print(f"  [yellow]{esc(u['unit'])} changed on disk since systemd loaded it "
+                          f"deploy {esc(host)} --role {esc(u.role)}`")
+        if u.managed is False:
+            console.print(f"  [red]{esc(u.unit)} imports {esc(u.imports)}: NOT the managed "
+                          "tree, patches here are a silent no-op for it[/red]")
+        if u.need_daemon_reload:
+            console.print(f"  [yellow]{esc(u.unit)} changed on disk since systemd loaded it "
                           "(daemon-reload pending)[/yellow]")
 
 

@@ -53,6 +53,7 @@ def _environ(pid: int, env: dict, denied: bool = False) -> dict:
 def gather_result(desc: dict, series: Series) -> dict:
     """The `gather.run` result for `desc` (see seed.yaml for the format)."""
     desc = copy.deepcopy(desc)
+    desc["_sha"] = {p.name: p.sha256 for p in series.patches}
     raw: dict[str, Any] = {
         "clock": _rec("read", "read /proc/stat", f"btime {BTIME}\n", clk_tck=CLK_TCK,
                       now=epoch(desc.get("now", "2026-11-29T12:00:00Z"))),
@@ -165,7 +166,32 @@ def _server(s: dict, desc: dict) -> dict:
     origin = s.get("imports")
     rec["imports"] = _rec("run", f"{argv[0]} -c ... sglang",
                           json.dumps({"origin": origin, "python": "3.11.7"}) + "\n")
+    if s.get("trace") is not None:
+        rec["trace"] = _trace(s, desc)
     return rec
+
+
+def _trace(s: dict, desc: dict) -> dict:
+    """The tracer's records (patchset/agent/tracer.py) for `trace:` of a server: a list of
+    {pid, title, watch: {target: [patch name...]}, ran: [target...]}; a patch name is
+    written `name:sha12` with the sha of the series (as the tracer's PATCHSET_TRACE has it)."""
+    files = {}
+    for proc in s["trace"]:
+        targets = {t: [_word(n, desc) for n in names] for t, names in proc["watch"].items()}
+        hits = {t: {"first": 1_795_100_000.0 + i, "via": None}
+                for i, t in enumerate(proc.get("ran", []))}
+        files[f"{proc['pid']}.json"] = {
+            "format": 1, "pid": proc["pid"], "ppid": s["pid"], "title": proc.get("title"),
+            "role": "decode", "python": "3.11.7", "mode": "wrap",
+            "started_with": s.get("env", {}).get("PATCHSET_PATCHES"), "targets": targets,
+            "watched": {t: "wrapped" for t in targets}, "hits": hits,
+            "unavailable": proc.get("unavailable", []), "written": 1_795_100_100.0}
+    return _rec("trace-dir", "read /run/patchset-trace/decode/*.json", json.dumps(files),
+                files=len(files))
+
+
+def _word(name: str, desc: dict) -> str:
+    return name if name == "~work" or ":" in name else f"{name}:{desc['_sha'][name][:12]}"
 
 
 def _checkpoint(c: dict) -> dict:

@@ -4,7 +4,7 @@ Grouped by area (gpu, systemd, procs, http, checkpoint, tree); standard library 
 because the gatherer on the host runs the same classes. `base.get("gpu.GpuList")`.
 """
 
-from . import checkpoint, gpu, http, procs, systemd, tree  # noqa: F401 - registration
+from . import checkpoint, gpu, http, procs, systemd, trace, tree  # noqa: F401 - registration
 from .base import FACTS, Command, Fact, FactValue, Provenance, Unavailable, get
 
 __all__ = ["FACTS", "Command", "Fact", "FactValue", "Provenance", "Unavailable", "get"]

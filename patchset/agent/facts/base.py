@@ -46,6 +46,8 @@ class Command:
             return f"GET {self.target}"
         if self.kind == "st-header":
             return f"safetensors-header {self.target}"
+        if self.kind == "trace-dir":
+            return f"read {self.target}/*.json"
         if self.kind == "engine":
             return f"patchset-engine {' '.join(self.argv)} {self.target}".strip()
         return f"{self.kind} {self.target}".strip()
@@ -121,7 +123,7 @@ def failure(raw: dict) -> str | None:
     code = raw.get("exit_code")
     if code in (None, 0):
         return None
-    if raw.get("kind") in ("read", "st-header"):
+    if raw.get("kind") in ("read", "st-header", "trace-dir"):
         return f"{errno.errorcode.get(code, code)}: {_strerror(code)} ({raw.get('command')})"
     tail = (raw.get("stderr") or raw.get("stdout") or "").strip().splitlines()
     if code == 127:
@@ -147,5 +149,5 @@ def _strerror(code: int) -> str:
 
 def get(name: str) -> Fact:
     """A fact by its name (`gpu.GpuList`), for the data-driven tests and the docs."""
-    from . import checkpoint, gpu, http, procs, systemd, tree  # noqa: F401 - registers them
+    from . import checkpoint, gpu, http, procs, systemd, trace, tree  # noqa: F401 - registers
     return FACTS[name]()

@@ -1,0 +1,224 @@
+"""The typed records that cross between the agent and the controller, defined once.
+
+Standard library only (the agent ships it). JSON exists only at the edges: `from_json`
+where a record is read (a state file on the host, an agent result on the controller) and
+`to_json` where it is written; everything in between uses attributes.
+
+The tree's state (.patchset/state.json) is versioned. STATE_FORMAT 2 records `updated`
+with milliseconds (format 1 had whole seconds, so a process started in the same second as
+an apply could not be ordered against it); `TreeState.from_json` reads every format up to
+STATE_FORMAT and refuses a newer one, naming the file. A state is rewritten in the current
+format by the next apply or revert.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypedDict
+
+STATE_FORMAT = 2
+READABLE_FORMATS = (1, 2)
+
+
+class StateError(ValueError):
+    """A state file this agent cannot read (another format, damaged)."""
+
+
+def now_stamp() -> str:
+    """The state's `updated` stamp: UTC, milliseconds (`2026-12-01T14:00:00.123Z`)."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+# ---------------------------------------------------------------- requests
+
+class Request(TypedDict, total=False):
+    """What the controller sends (patchset/transport.py stamps protocol and target)."""
+
+    protocol: int
+    op: str                   # apply revert status capture bisect-mark facts deploy audit
+    target: str               # the tree on the host
+    tree: str
+    git_prefix: str
+    package: str
+    tool_version: str
+    python: str
+    lock_wait: float
+    dry_run: bool
+    provision: bool
+    bisect: str | None
+    patches: list[dict]       # apply: the desired series (api.patch_spec)
+    names: list[str]          # revert
+    with_dependents: bool
+    base_files: dict[str, str | None]
+    upstream: dict
+    base: dict
+    record: dict | None       # bisect-mark
+    roles: dict[str, dict]    # facts, deploy
+    state_sha256: str
+    redact: list[str]
+
+
+# ---------------------------------------------------------------- the tree's state
+
+@dataclass
+class AppliedPatch:
+    """One applied patch as the state records it."""
+
+    name: str
+    sha256: str
+    summary: str = ""
+    depends: list[str] = field(default_factory=list)
+    gate: dict | None = None            # {"env": NAME, "on": VALUE}
+    path: str = "both"                  # prefill | decode | both
+    tier: str | None = None
+    files: list[dict] = field(default_factory=list)
+    commit: str | None = None           # git trees: the commit of this patch
+    trace: list[dict] = field(default_factory=list)   # manifest `trace:` {module, qualname}
+    trace_mode: str = "add"             # add (to the derived targets) | replace
+
+    @classmethod
+    def from_json(cls, data: dict) -> AppliedPatch:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TreeState:
+    """.patchset/state.json: what patchset applied to the tree, and what each file is."""
+
+    updated: str
+    kind: str                           # git | plain
+    layout: str                         # git | wheel
+    upstream: dict | None
+    base: dict                          # {"commit": ..., "files": {path: blob}}
+    applied: list[AppliedPatch]
+    files: dict[str, str | None]        # path -> blob id now
+    head: str | None = None
+    tool_version: str = "?"
+    format: int = STATE_FORMAT
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "state.json") -> TreeState:
+        """Any readable format -> the current record; StateError names the file."""
+        if not isinstance(data, dict):
+            raise StateError(f"{where} is not a JSON object")
+        version = data.get("format")
+        if version not in READABLE_FORMATS:
+            raise StateError(f"{where} has state format {version}; this patchset reads "
+                             f"{', '.join(map(str, READABLE_FORMATS))}: upgrade patchset")
+        try:
+            return cls(updated=str(data.get("updated") or ""), kind=data.get("kind", "plain"),
+                       layout=data.get("layout", "wheel"), upstream=data.get("upstream"),
+                       base=dict(data.get("base") or {"commit": None, "files": {}}),
+                       applied=[AppliedPatch.from_json(a) for a in data["applied"]],
+                       files=dict(data.get("files") or {}), head=data.get("head"),
+                       tool_version=data.get("tool_version", "?"), format=version)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateError(f"{where} is damaged (format {version}: "
+                             f"{type(exc).__name__}: {exc})") from None
+
+    def to_json(self) -> dict:
+        """Always written in the current format."""
+        return {"format": STATE_FORMAT, "tool_version": self.tool_version,
+                "updated": self.updated, "kind": self.kind, "layout": self.layout,
+                "upstream": self.upstream, "base": self.base,
+                "applied": [a.to_json() for a in self.applied], "head": self.head,
+                "files": self.files}
+
+    def names(self) -> list[str]:
+        return [a.name for a in self.applied]
+
+
+# ---------------------------------------------------------------- status
+
+@dataclass
+class UnitStatus:
+    """A systemd unit that serves the tree, and whether it runs the tree as it is now."""
+
+    unit: str
+    role: str
+    path: str
+    active: str | None = None
+    sub: str | None = None
+    main_pid: int = 0
+    started: str | None = None
+    tree_changed: str | None = None
+    running_patches: str | None = None
+    patches: str = ""
+    stale: bool = False
+    stale_reason: str = ""
+    need_daemon_reload: bool = False
+    enabled: str | None = None
+    imports: str | None = None          # the sglang its process imports (find_spec, as run)
+    managed: bool | None = None         # ... is it this tree? (None: not known)
+
+
+@dataclass
+class Interpreter:
+    """Which tree the server's interpreter imports (find_spec)."""
+
+    python: str
+    imports: str | None = None
+    managed: bool | None = None
+    expected: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class StatusRecord:
+    """The engine's `status` of one tree: state, drift, hand edits, interrupted work,
+    the units serving it and the interpreter. Read-only on the host."""
+
+    target: str
+    kind: str
+    layout: str
+    managed: bool
+    head: str | None = None
+    state_version: int | None = None
+    tool_version: str | None = None
+    updated: str | None = None
+    upstream: dict | None = None
+    base: dict | None = None
+    applied: list[dict] = field(default_factory=list)  # name sha256 commit gate path tier
+    drift: list[dict] = field(default_factory=list)
+    dirty: list[str] = field(default_factory=list)
+    foreign_commits: list[str] = field(default_factory=list)
+    interrupted: dict | None = None
+    locked_by: str | None = None
+    bisect: dict | None = None
+    interpreter: Interpreter | None = None
+    units: list[UnitStatus] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict) -> StatusRecord:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("interpreter"), dict):
+            values["interpreter"] = Interpreter(**_known(Interpreter, values["interpreter"]))
+        values["units"] = [UnitStatus(**_known(UnitStatus, u)) for u in values.get("units") or []]
+        return cls(**values)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def has_findings(self) -> bool:
+        """Drift, hand edits, foreign commits, interrupted work, a bisect holding the host,
+        or an interpreter (the inventory's, or a unit's running process) that does not
+        import this tree."""
+        return (self.interpreter is not None and self.interpreter.managed is False) or \
+            any(u.managed is False for u in self.units) or bool(
+                self.drift or self.dirty or self.foreign_commits or self.interrupted
+                or self.bisect)
+
+    def stale_units(self) -> list[UnitStatus]:
+        return [u for u in self.units if u.stale]
+
+
+def _known(cls: type, data: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}

@@ -1,0 +1,161 @@
+"""Observed execution in the audit: the tracer's records override what `requires`
+declare, and a stale process is judged by what it loaded (issue: observed execution).
+
+Facts are the seed deployment (tests/audit_facts/seed.yaml) through the real parsers,
+with the tracer's records of the decode server added (synth `trace:`)."""
+
+from __future__ import annotations
+
+import copy
+
+from audit_facts import synth
+
+from auditor import api
+from auditor.states import evaluate_host
+
+D = "sglang-decode.service"
+WORK = "sglang.srt.model_executor.model_runner:ModelRunner.forward"
+MHC = "sglang.srt.models.deepseek_v4:DeepseekV4DecoderLayer.hc_pre.<locals>.hc_pre_torch_impl"
+IDX = "sglang.srt.layers.attention.dsv4.indexer:fp8_paged_mqa_logits_torch_sm120"
+SPLITK = "sglang.srt.layers.attention.flash_mla_sm120_triton:flash_mla_sparse_decode_triton"
+
+
+def decode(desc: dict) -> dict:
+    return next(s for s in desc["servers"] if s["unit"] == D)
+
+
+def traced(seed: dict, series, ran: list[str], work: bool = True, loaded=None) -> dict:
+    desc = copy.deepcopy(seed)
+    srv = decode(desc)
+    applied = desc["tree"]["applied"] if loaded is None else loaded
+    by = series.by_name()
+    srv["env"]["PATCHSET_PATCHES"] = " ".join(f"{n}:{by[n].sha256[:12]}" for n in applied)
+    srv["trace"] = [{"pid": srv["pid"] + 1, "title": "sglang::scheduler_TP0",
+                     "watch": {MHC: ["mhc-bf16"], IDX: ["indexer-bf16-gemm"],
+                               SPLITK: ["mma-splitk-decode"], WORK: ["~work"]},
+                     "ran": ran + ([WORK] if work else [])}]
+    return desc
+
+
+def state(series, desc, patch: str, unit: str = D):
+    return next(s for s in evaluate_host(series, synth.facts(desc, series))
+                if s.server == unit and s.patch == patch)
+
+
+def test_tracing_off_is_declared(series, seed) -> None:
+    st = state(series, seed, "mhc-bf16")
+    assert st.state == "active" and st.evidence == "declared" and st.ran == ()
+
+
+def test_a_target_that_ran_makes_the_state_observed(series, seed) -> None:
+    st = state(series, traced(seed, series, [MHC]), "mhc-bf16")
+    assert st.state == "active" and st.evidence == "observed"
+    assert st.ran[0]["pid"] == 2001 and st.ran[0]["target"] == MHC
+    assert f"observed: {MHC} ran in pid 2001 (sglang::scheduler_TP0)" in st.reason
+
+
+def test_declared_active_but_not_run_after_work_is_inert_and_a_finding(series, seed) -> None:
+    desc = traced(seed, series, [])
+    st = state(series, desc, "mma-splitk-decode")
+    assert (st.state, st.declared, st.contradiction, st.evidence) == (
+        "inert", "active", "declared-active-not-run", "observed")
+    assert "requires miss a dispatch condition" in st.reason
+    rep = api.evaluate(series, [synth.facts(desc, series)], "context-loss")
+    [f] = [f for f in rep.findings if f.id == "trace[declared-active-not-run]"
+           and "mma-splitk-decode" in f.subject]
+    assert f.status == "fail" and f.patches == ("mma-splitk-decode",)
+    suspects = [s.name for s in rep.symptom.suspects] if rep.symptom else []
+    assert "mma-splitk-decode" not in suspects
+
+
+def test_no_work_served_yet_stays_declared(series, seed) -> None:
+    st = state(series, traced(seed, series, [], work=False), "mma-splitk-decode")
+    assert st.state == "active" and st.evidence == "declared" and st.contradiction is None
+
+
+def test_declared_inert_but_ran_is_active_and_high(series, seed) -> None:
+    desc = traced(seed, series, [IDX])           # the torch indexer is inert in decode
+    st = state(series, desc, "indexer-bf16-gemm")
+    assert (st.state, st.declared, st.contradiction) == ("active", "inert", "inert-but-ran")
+    rep = api.evaluate(series, [synth.facts(desc, series)])
+    [f] = [f for f in rep.findings if f.id == "trace[inert-but-ran]"]
+    assert f.severity == "high" and f.status == "fail" and "indexer-bf16-gemm" in f.subject
+
+
+def test_a_patch_reverted_on_disk_but_loaded_stays_a_suspect(series, seed) -> None:
+    desc = traced(seed, series, [MHC])
+    desc["tree"]["applied"].remove("mhc-bf16")    # `patchset revert mhc-bf16`, no restart
+    desc["tree"]["updated"] = "2026-11-29T09:00:00Z"
+    st = state(series, desc, "mhc-bf16")
+    assert st.state == "active" and st.evidence == "observed"
+    assert st.reason.startswith("loaded by pid 2000 (mhc-bf16:") and \
+        "no longer on disk: restart to unload" in st.reason
+    rep = api.evaluate(series, [synth.facts(desc, series)], "context-loss")
+    assert "mhc-bf16" in [s.name for s in rep.symptom.suspects]
+
+
+def test_a_patch_applied_after_the_start_is_not_loaded(series, seed) -> None:
+    loaded = [n for n in seed["tree"]["applied"] if n != "mhc-bf16"]
+    desc = traced(seed, series, [], loaded=loaded)
+    desc["tree"]["updated"] = "2026-11-29T09:00:00Z"   # the apply came after the start
+    st = state(series, desc, "mhc-bf16")
+    assert st.state == "not-applied" and "not loaded by it (restart to load)" in st.reason
+
+
+def test_unavailable_tracing_is_a_warning(series, seed) -> None:
+    desc = traced(seed, series, [MHC])
+    decode(desc)["trace"][0]["unavailable"] = ["sglang.x:f: no code object"]
+    rep = api.evaluate(series, [synth.facts(desc, series)])
+    [f] = [f for f in rep.findings if f.id == "trace[unavailable]"]
+    assert f.status == "warn" and "pid 2001" in f.message
+
+
+def test_observed_active_ranks_above_declared_active(series, seed) -> None:
+    """Same patch, same deployment: seen running, its score is x `observed` (policy)."""
+    from auditor import policy
+
+    def score(desc, patch):
+        rep = api.evaluate(series, [synth.facts(desc, series)], "context-loss")
+        return next(s for s in rep.symptom.suspects if s.name == patch)
+
+    # the decode server's states are what mma-splitk-decode's score comes from
+    declared = score(seed, "mma-splitk-decode")
+    observed = score(traced(seed, series, [SPLITK]), "mma-splitk-decode")
+    weight = policy.load().observed
+    assert weight > 1 and observed.score == round(declared.score * weight, 3)
+    assert "(observed: it ran)" in observed.reasons[1]
+    assert "(observed: it ran)" not in declared.reasons[1]
+
+
+# ---------------------------------------------------------------- `patchset trace`
+
+def test_the_trace_command_lists_what_ran_and_exits_1_on_a_contradiction(
+        series, seed, tmp_path, monkeypatch, capsys) -> None:
+    import json
+    from pathlib import Path
+
+    from deploy.resolve import Hosts
+    from hostutil import cli
+    from test_audit_probe import Replay
+    monkeypatch.setenv("PATCHSET_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(Path(series.root))
+    (tmp_path / "hosts.yaml").write_text("version: 1\nhosts:\n  gpu1:\n    address: 10.0.0.5\n")
+    desc = {"now": traced(seed, series, [MHC, SPLITK])}
+    monkeypatch.setattr(Hosts, "audit_transport",
+                        lambda resolver, spec: Replay(desc["now"], series, spec))
+    code, out, err = cli(capsys, "trace", "gpu1", "--inventory", str(tmp_path / "hosts.yaml"),
+                         "--json")
+    assert code == 0, err
+    [dec] = [v for v in json.loads(out) if v["server"] == D]
+    [proc] = dec["processes"]
+    ran = {r["target"] for r in proc["targets"] if r["ran"]}
+    assert ran == {MHC, SPLITK, WORK} and IDX in {r["target"] for r in proc["targets"]}
+    assert dec["contradictions"] == [] and dec["traced"] is True
+    prefill = next(v for v in json.loads(out) if v["server"] != D)
+    assert prefill["traced"] is False and "tracing off" in prefill["why"]
+
+    desc["now"] = traced(seed, series, [MHC])         # split-K watched, work served, not run
+    code, out, err = cli(capsys, "trace", "gpu1", "--inventory", str(tmp_path / "hosts.yaml"))
+    assert code == 1
+    assert "mma-splitk-decode: declared-active-not-run" in out
+    assert f"ran {MHC}" in out and f"    {SPLITK}  [mma-splitk-decode]" in out

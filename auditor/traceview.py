@@ -64,20 +64,25 @@ def view(report: Report) -> list[ServerTrace]:
             recs = records(server)
             st = ServerTrace(host.host, server.id, bool(recs),
                              "" if recs else server.trace.reason)
-            st.processes = [_process(r) for r in recs]
+            live = {server.main.pid: server.main.title.split(" ")[0]} | {
+                c.pid: c.title for c in server.children}
+            st.processes = [_process(r, live) for r in recs]
             st.patches = [PatchTrace(s.patch, s.state, s.evidence, s.contradiction, s.reason)
                           for s in host.states if s.server == server.id]
             out.append(st)
     return out
 
 
-def _process(rec: dict) -> ProcessTrace:
+def _process(rec: dict, live: dict[int, str]) -> ProcessTrace:
+    """One process's record; its title as the process shows it now (a scheduler sets its
+    title after the tracer's first record)."""
     hits, watched = rec.get("hits") or {}, rec.get("watched") or {}
     rows = tuple(TargetRow(t, tuple(p), t in hits, (hits.get(t) or {}).get("first"),
                            (hits.get(t) or {}).get("via"), watched.get(t))
                  for t, p in sorted((rec.get("targets") or {}).items(),
                                     key=lambda kv: (WORK in kv[1], kv[0])))
-    return ProcessTrace(rec.get("pid"), rec.get("title"), rec.get("mode"), rows,
+    return ProcessTrace(rec.get("pid"), live.get(rec.get("pid")) or rec.get("title"),
+                        rec.get("mode"), rows,
                         tuple(rec.get("unavailable") or ()))
 
 

@@ -282,6 +282,9 @@ def installed_secrets(unit_text: str | None, env_text: str | None,
 
 def _notes(facts: dict) -> list[str]:
     t, notes = facts["tree"], []
+    if t.get("trace_error"):
+        notes.append(f"the tracer watches only the markers of served work: the patches' "
+                     f"trace targets could not be derived ({t['trace_error']})")
     if not t["managed"]:
         notes.append(f"{t['root']} is not managed by patchset (no state): no patch gates to set")
     if facts.get("interrupted"):

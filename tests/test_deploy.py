@@ -203,6 +203,46 @@ def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, dep
     assert {u["unit"]: u["stale"] for u in st["units"]} == {UNITS[0]: False, UNITS[1]: False}
 
 
+def test_the_tracer_runs_in_every_process_of_a_deployed_unit(one_host: TestHost, deploy_env,
+                                                             capsys) -> None:
+    """deploy installs the tracer (trace: true by default): every Python process of a
+    server unit, the scheduler children included, writes its record into the unit's
+    root-only runtime directory, which systemd removes when the unit stops; a role with
+    `trace: false` runs without it."""
+    from patchset.agent import tracer
+    deploy_env(roles={"prefill": {"trace": False}})
+    prepare_tree(one_host, capsys, "--tier", "moderate")
+    code, _, err = cli(capsys, "deploy", one_host.name)
+    assert code == 0 and "the tracer watches only" not in err, err
+    run_dir = f"{tracer.RUN_DIR}/decode"
+    assert on_host(one_host, f"stat -c '%a %U' {run_dir}").split() == ["700", "root"]
+    pids = {int(n.split(".")[0]) for n in on_host(one_host, f"ls {run_dir}").split()}
+    main = main_pid(one_host, UNITS[1])
+    children = {int(x) for x in on_host(one_host, f"pgrep -P {main} || true").split()}
+    assert main in pids and children & pids, (pids, main, children)
+    records = [json.loads(on_host(one_host, f"cat {run_dir}/{pid}.json")) for pid in pids]
+    assert {r["role"] for r in records} == {"decode"}
+    titles = {pid: on_host(one_host, f"tr '\\0' ' ' < /proc/{pid}/cmdline").split()[0]
+              for pid in children & pids}
+    assert any(t.startswith("sglang::scheduler") for t in titles.values()), titles
+    env = units.parse_env_file(on_host(one_host, "cat /etc/sglang/decode.env"))
+    watched = {f"{m}:{q}": ps for (m, q), ps in tracer.parse(env["PATCHSET_TRACE"]).items()}
+    for r in records:                  # every process watches what deploy rendered
+        assert r["targets"] == watched and r["unavailable"] == [], r
+    # the test series' patches change comments only: no code of theirs to watch, only the
+    # markers of served work (tests/test_tracetargets.py covers the shipped series)
+    assert {p for ps in watched.values() for p in ps} == {"~work"}
+    assert on_host(one_host, f"stat -c '%a' {run_dir}/{main}.json").strip() == "600"
+    import hashlib
+    local = hashlib.sha256(Path(tracer.__file__).read_bytes()).hexdigest()
+    assert on_host(one_host, f"sha256sum {tracer.HOME}/patchset_tracer.py").split()[0] == local
+    assert "PATCHSET_TRACE" not in proc_environ(one_host, main_pid(one_host, UNITS[0]))
+    assert run_ssh(one_host, f"test -e {tracer.RUN_DIR}/prefill").returncode == 1
+    on_host(one_host, f"systemctl stop {UNITS[1]}")
+    assert run_ssh(one_host, f"test -e {run_dir}").returncode == 1      # removed on stop
+    assert cli(capsys, "deploy", one_host.name)[0] == 0                # back as it was
+
+
 def test_a_unit_that_fails_health_is_rolled_back(one_host: TestHost, deploy_env,
                                                  capsys) -> None:
     deploy_env()

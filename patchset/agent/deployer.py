@@ -34,8 +34,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
@@ -139,6 +137,8 @@ def systemctl(*args: str) -> None:
 
 def probe(url: str, timeout: float) -> tuple[bool, str]:
     """GET url without any proxy: (healthy, what was seen)."""
+    import urllib.error
+    import urllib.request
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=timeout) as response:
@@ -224,7 +224,7 @@ def op_facts(request: dict) -> dict:
             "state_sha256": sha256(state_bytes(target)),
             "applied": [a.to_json() for a in state.applied] if state else [],
             "updated": state.updated if state else None,
-            "trace": _trace_targets(target, state),
+            **_trace_targets(target, state),
             "bisect": engine.read_json(target.bisect_file),
         },
         "roles": roles,
@@ -234,12 +234,13 @@ def op_facts(request: dict) -> dict:
 
 
 def _trace_targets(target: "engine.Target", state: "TreeState | None") -> dict:
-    """What the tracer is to watch for each applied patch (engine.trace_targets); {} when
-    it cannot be had (the tracer then watches only the markers of served work)."""
+    """{"trace": what the tracer is to watch for each applied patch (engine.trace_targets),
+    "trace_error": why not, when it cannot be had (the tracer then watches only the
+    markers of served work; deploy says so)}."""
     try:
-        return engine.trace_targets(target, state)
-    except (EngineError, OSError):
-        return {}
+        return {"trace": engine.trace_targets(target, state), "trace_error": None}
+    except (EngineError, OSError) as exc:
+        return {"trace": {}, "trace_error": f"{exc} {getattr(exc, 'details', '')}".strip()}
 
 
 def install_tracer() -> None:

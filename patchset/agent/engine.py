@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import runner, staleness, tracetargets
+from . import staleness
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
                       TreeState, UnitStatus, now_stamp)
-from .facts import systemd
 
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
@@ -845,6 +844,7 @@ def trace_targets(target: Target, state: TreeState | None) -> dict[str, list[dic
     """`name:sha12` -> the trace targets (tracetargets.for_patch) of every applied patch,
     from each patch's own pre- and post-images: the applied series rebuilt off to the side
     from the copies kept in .patchset/patches (the same build as a revert's). Read-only."""
+    from . import tracetargets           # deploy only: not on apply's path
     if state is None or not state.applied:
         return {}
     patches = target.meta / "patches"
@@ -898,6 +898,8 @@ def unit_facts(target: Target, state: TreeState | None) -> list[UnitStatus]:
 
 def _unit_fact(target: Target, path: Path, role: str, applied: list[dict],
                updated: str | None) -> UnitStatus:
+    from . import runner                 # status and deploy read units; apply never does
+    from .facts import systemd
     show = runner.unit_show(path.name)
     pid = show.get("MainPID") or 0
     started = systemd.main_started(show, time.time(), time.monotonic())
@@ -920,6 +922,7 @@ def _process_imports(target: Target, pid: int,
                      environ: dict[str, str] | None) -> tuple[str | None, bool | None]:
     """Which tree the unit's running process imports, asked as the audit asks it
     (runner.process_import): (origin, is it this tree) or (None, None) if unknown."""
+    from . import runner
     if environ is None:
         return None, None
     _, value = runner.process_import(pid, runner.argv_of(pid), environ, target.package)
@@ -943,6 +946,7 @@ def _iso(epoch: float | None) -> str | None:
 def interpreter_facts(target: Target, python: str | None) -> Interpreter | None:
     """Which tree does the SGLang interpreter really import? (find_spec, never an import:
     the one reader, runner.import_origin, that the audit uses for each server too.)"""
+    from . import runner
     if not python:
         return None
     raw, value = runner.import_origin(python, target.package)

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import deployer, engine, gather
+from . import engine
 from .protocol import GATHER_OPS, PROTOCOL, TREE_OPS, UNIT_OPS, Events, error, result_line
 
 OPS = TREE_OPS + UNIT_OPS + GATHER_OPS
@@ -31,9 +31,11 @@ def serve(request: dict, bundle: Path, events: Events) -> dict:
                      f"protocol {version!r}: the controller and agent versions differ")
     if op in TREE_OPS:
         return engine.run(request, bundle)
-    if op in UNIT_OPS:
+    if op in UNIT_OPS:                   # imported per op: an apply loads neither (start-up)
+        from . import deployer
         return deployer.execute(request, events)
     if op in GATHER_OPS:
+        from . import gather
         return gather.run(request)
     shown = repr(op) if isinstance(op, str) and re.fullmatch(r"[a-z-]{1,32}", op) else "(not shown)"
     return error("usage", f"unknown op {shown}")

@@ -14,8 +14,6 @@ import re
 import struct
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -127,6 +125,8 @@ class Runner:
         return self.red.text(text)
 
     def http(self, cmd: Command, token: str | None = None) -> dict:
+        import urllib.error                  # here: an apply or a status never loads http
+        import urllib.request
         start = time.monotonic()
         request = urllib.request.Request(cmd.target, headers={"Accept": "application/json"})
         if token:

@@ -15,7 +15,7 @@ from . import factnames, inputfile, patchfile, validate, yamlsrc
 from . import pinrules
 from .errors import ManifestError
 from .model import (PATHS, REQUIRE_OPS, TIERS, UPSTREAM_STATUSES, Gate,
-                    GitPin, Patch, PypiPin, Requirement, Series, UpstreamPin)
+                    GitPin, Patch, PypiPin, Requirement, Series, TraceSpec, UpstreamPin)
 from .yamlsrc import Located
 
 NAME = validate.PATCH_NAME
@@ -29,7 +29,11 @@ PYPI_KEYS = {"requirement": True, "file": True, "sha256": True, "python_version"
 LAYOUT_KEYS = {"git_prefix": True}
 PATCH_KEYS = {"name": True, "file": True, "summary": True, "tier": True, "path": True,
               "gate": False, "requires": False, "depends": False, "conflicts": False,
-              "upstream_status": True, "evidence": False}
+              "upstream_status": True, "evidence": False, "trace": False,
+              "trace_mode": False}
+TRACE_KEYS = {"module": True, "qualname": True, "file": False}
+TRACE_MODES = ("add", "replace")
+MAX_TRACE = 64
 GATE_KEYS = {"env": True, "on": True}
 REQUIRE_KEYS = {"fact": True, "op": True, "value": True, "why": False}
 # Patches upstream took (`patchset rebase` moves them here): a record, no longer carried.
@@ -188,7 +192,29 @@ def _patch(doc: Located, where: tuple, entry: Any, root: Path, git_prefix: str) 
                                 choices=UPSTREAM_STATUSES),
         evidence=evidence, header=parsed.header, files=parsed.files,
         sha256=hashlib.sha256(data).hexdigest(), line=doc.line(where) or 0,
+        trace=_trace(doc, where + ("trace",), e.get("trace")),
+        trace_mode=_string(doc, where + ("trace_mode",), e.get("trace_mode", "add"),
+                           choices=TRACE_MODES),
     )
+
+
+def _trace(doc: Located, where: tuple, value: Any) -> tuple[TraceSpec, ...]:
+    """`trace: [{module, qualname[, file]}]`: functions the tracer watches for the patch
+    besides (or, with `trace_mode: replace`, instead of) the ones derived from it."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_TRACE:
+        raise doc.error(where, f"must be a list of at most {MAX_TRACE} "
+                        "{module, qualname[, file]} mappings")
+    out = []
+    for i, item in enumerate(value):
+        t = _keys(doc, where + (i,), item, TRACE_KEYS)
+        out.append(TraceSpec(
+            module=_string(doc, where + (i, "module"), t["module"], validate.MODULE_NAME),
+            qualname=_string(doc, where + (i, "qualname"), t["qualname"], validate.QUALNAME),
+            file=_string(doc, where + (i, "file"), t.get("file", ""), None) if t.get("file")
+            else ""))
+    return tuple(out)
 
 
 def _patch_file_name(doc: Located, where: tuple, value: Any) -> str:

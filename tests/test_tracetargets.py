@@ -113,3 +113,32 @@ def test_every_shipped_patch_has_a_function_target_and_the_readme_lists_them(
         assert any(t["kind"] == "function" for t in found), word
     assert readme_targets() == {k.split(":")[0]: {(t["kind"], f"{t['module']}:{t['qualname']}")
                                                   for t in v} for k, v in derived.items()}
+
+
+def test_manifest_trace_entries_are_read_and_checked(tmp_path: Path) -> None:
+    """`trace:` in patches.yaml: validated whole (a module name, a qualified name), one
+    line error naming file:line: field otherwise; carried to the engine with the spec."""
+    import shutil
+
+    import pytest
+
+    from patchset.errors import ManifestError
+    shutil.copytree(ROOT / "patches", tmp_path / "patches")
+    text = (ROOT / "patches.yaml").read_text()
+    good = text.replace("  - name: mhc-bf16\n", "  - name: mhc-bf16\n    trace: [{module: "
+                        "sglang.srt.models.deepseek_v4, qualname: DeepseekV4DecoderLayer."
+                        "hc_pre}]\n    trace_mode: add\n", 1)
+    (tmp_path / "patches.yaml").write_text(good)
+    series = load_series(tmp_path / "patches.yaml")
+    patch = series.by_name()["mhc-bf16"]
+    assert [(t.module, t.qualname) for t in patch.trace] == [
+        ("sglang.srt.models.deepseek_v4", "DeepseekV4DecoderLayer.hc_pre")]
+    spec = api.patch_spec(patch)
+    assert spec["trace"][0]["qualname"] == "DeepseekV4DecoderLayer.hc_pre"
+    assert spec["trace_mode"] == "add"
+    for bad in ("{module: 'a b', qualname: f}", "{module: m, qualname: 'f(); x'}",
+                "{module: m}", "{module: m, qualname: f, extra: 1}"):
+        (tmp_path / "patches.yaml").write_text(text.replace(
+            "  - name: mhc-bf16\n", f"  - name: mhc-bf16\n    trace: [{bad}]\n", 1))
+        with pytest.raises(ManifestError, match=r"patches\.yaml:\d+: .*trace"):
+            load_series(tmp_path / "patches.yaml")

@@ -159,3 +159,23 @@ def test_the_trace_command_lists_what_ran_and_exits_1_on_a_contradiction(
     assert code == 1
     assert "mma-splitk-decode: declared-active-not-run" in out
     assert f"ran {MHC}" in out and f"    {SPLITK}  [mma-splitk-decode]" in out
+
+
+def test_a_hazard_fix_counts_only_if_the_process_loaded_it(series, seed) -> None:
+    """The seed's NVFP4 hazard is fixed by nvfp4-cutlass-swiglu-clamp. Applied on disk
+    after the decode server started (not in its PATCHSET_PATCHES), it fixes nothing
+    there yet; once the server was started with it, the hazard is gone."""
+    def hazard(desc):
+        rep = api.evaluate(series, [synth.facts(desc, series)])
+        return {f.subject.split(":")[0]: f.status for f in rep.findings
+                if f.id == "hazard[nvfp4-cutlass-no-swiglu-clamp]"}
+
+    loaded = list(seed["tree"]["applied"])
+    on_disk = copy.deepcopy(seed)
+    on_disk["tree"]["applied"].append("nvfp4-cutlass-swiglu-clamp")
+    on_disk["tree"]["updated"] = "2026-11-29T09:00:00Z"           # after the start
+    desc = traced(on_disk, series, [], work=False, loaded=loaded)
+    assert hazard(desc)[D] == "fail"
+    restarted = traced(on_disk, series, [], work=False,
+                       loaded=loaded + ["nvfp4-cutlass-swiglu-clamp"])
+    assert hazard(restarted).get(D) in (None, "pass")

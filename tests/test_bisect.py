@@ -185,7 +185,13 @@ def test_ctrl_c_restores_the_starting_state(benv, capsys, monkeypatch) -> None:
             os.kill(os.getpid(), signal.SIGINT)      # the operator's Ctrl-C, mid-bisect
         return restarted
     monkeypatch.setattr(bisector, "_converge", converge_then_ctrl_c)
-    code, report, err = bisect(benv, capsys)
+    # Python leaves SIGINT ignored when it was ignored at start (a test run started in the
+    # background by a non-interactive shell): the operator's Ctrl-C needs the default
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, report, err = bisect(benv, capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130, err
     assert report["interrupted"] is True and report["restored"] is True
     assert [s["action"] for s in report["steps"]] == ["baseline", "restore"]

@@ -511,3 +511,35 @@ def test_a_bad_trace_target_from_the_host_is_refused() -> None:
     with pytest.raises(UsageError, match="trace target"):
         units.resolve(host(), ["decode"], "/opt/sglang", {"applied": APPLIED, "trace": bad},
                       "git")
+
+
+def test_the_tracer_directory_is_made_root_only_and_a_link_is_refused(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """It is first on a root server's PYTHONPATH: a group- or world-writable directory (or
+    file) there would be code run as root, a link would point anywhere."""
+    import os
+    import stat
+
+    from patchset.agent import tracer
+    home = tmp_path / "lib" / "patchset" / "trace"
+    home.mkdir(parents=True)
+    os.chmod(home, 0o777)
+    os.chmod(home.parent, 0o777)
+    (home / "patchset_tracer.py").write_text("print('planted')\n")
+    os.chmod(home / "patchset_tracer.py", 0o666)
+    monkeypatch.setattr(tracer, "HOME", str(home))
+    monkeypatch.setattr(deployer, "_root_only_dirs",
+                        lambda path, top=str(tmp_path / "lib"), real=deployer._root_only_dirs:
+                        real(path, top))
+    deployer.install_tracer()
+    for d in (home, home.parent):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o755 and os.lstat(d).st_uid == 0
+    installed = home / "patchset_tracer.py"
+    assert installed.read_text() == Path(tracer.__file__).read_text()
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o644
+    link = tmp_path / "lib" / "evil"
+    link.symlink_to(tmp_path)
+    monkeypatch.setattr(tracer, "HOME", str(link / "trace"))
+    with pytest.raises(deployer.EngineError, match="symbolic link"):
+        deployer.install_tracer()
+    assert not (tmp_path / "trace").exists()

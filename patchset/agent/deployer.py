@@ -247,12 +247,38 @@ def install_tracer() -> None:
     """tracer.HOME/{sitecustomize.py, patchset_tracer.py} from this agent, 0644 root: what
     a unit with PATCHSET_TRACE puts first on its PYTHONPATH. Rewritten only if changed."""
     here = Path(__file__).resolve().parent
+    _root_only_dirs(tracer.HOME)
     for name, source in (("sitecustomize.py", "sitecustomize.py"),
                          ("patchset_tracer.py", "tracer.py")):
         text = (here / source).read_text(encoding="utf-8")
         dest = os.path.join(tracer.HOME, name)
-        if read_text(dest) != text:
+        st = os.lstat(dest) if os.path.lexists(dest) else None
+        if read_text(dest) != text or st.st_uid != 0 or st.st_mode & 0o7022 or \
+                not os.path.isfile(dest) or os.path.islink(dest):
             write_file(dest, text, 0o644)
+
+
+def _root_only_dirs(path: str, top: str = "/var/lib") -> None:
+    """The tracer's directory goes first on a root server's PYTHONPATH: it and its parents
+    below `top` must be root's and writable by root alone, never a link (a directory
+    someone else could write would be code run as root). Created 0755 or put right; a link
+    is refused."""
+    chain, current = [], Path(path)
+    while current != Path(top) and current != current.parent:
+        chain.append(current)
+        current = current.parent
+    if current != Path(top):
+        raise EngineError(f"{path} is not below {top}", "usage")
+    for d in chain:
+        if d.is_symlink():
+            raise EngineError(f"{d} is a symbolic link: refusing to install the tracer "
+                              "there (it would run as root in every server)", "target")
+    os.makedirs(path, 0o755, exist_ok=True)
+    for d in chain:
+        st = os.lstat(d)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            os.chown(d, 0, 0)
+            os.chmod(d, 0o755)
 
 
 def systemd_running() -> bool:

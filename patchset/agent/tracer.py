@@ -127,6 +127,7 @@ class _Tracer:
     def _forked(self) -> None:
         """A forked child is another process: its own record, events re-armed."""
         try:
+            self.lock = threading.RLock()    # another thread may have held it at the fork
             with self.lock:
                 self.pid, self.hits = os.getpid(), {}
                 self.slots = {}
@@ -246,7 +247,8 @@ class _Tracer:
     def write(self) -> None:
         """Atomically: a reader sees the previous record or this one, never a part."""
         try:
-            data = json.dumps(self.record(), sort_keys=True).encode()
+            with self.lock:                  # a consistent copy while other threads record
+                data = json.dumps(self.record(), sort_keys=True).encode()
             path = os.path.join(self.dir, f"{self.pid}.json")
             tmp = f"{path}.{threading.get_ident()}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

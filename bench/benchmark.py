@@ -83,9 +83,10 @@ def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
         run([sys.executable, "-m", "patchset.cli", "apply", "localhost", "--target", str(tree),
              "--series", str(Path(series.manifest).resolve())], ROOT, env=python)
 
+    inproc, am = paired(runs, [(fresh, patchset_apply), (fresh, git_am)])
     rows = [row("apply", f"patchset apply ({len(series.patches)} patches, plan+verify), in "
-                "process (api.apply)", measure(runs, fresh, patchset_apply))]
-    rows.append(row("apply", "git am (same patches)", measure(runs, fresh, git_am)))
+                "process (api.apply)", inproc)]
+    rows.append(row("apply", "git am (same patches), paired with the row above", am))
     ratios(rows, rows[1], "vs git am")
     rows[0].note += "; " + verdict(rows[0].median <= 1.5 * rows[1].median, "<= 1.5x git am")
     if not shutil.which("quilt"):

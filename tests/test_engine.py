@@ -168,6 +168,23 @@ def test_hand_edit_refused_with_diff_and_kept(series, target: Path) -> None:
     assert any("serving_chat.py" in f for f in found)
 
 
+def test_changes_outside_the_series_are_left_alone(series, git_target: Path) -> None:
+    """The dirty check covers the files the series writes; an edit or a staged change
+    elsewhere neither blocks an apply nor is touched by it (the index of other files is
+    not reset), and the index of the series' files is HEAD's after it."""
+    readme = git_target / "python" / "sglang" / "__init__.py"
+    readme.write_text(readme.read_text() + "local note\n")
+    (git_target / "NOTES").write_text("staged\n")
+    subprocess.run(["git", "add", "NOTES"], cwd=git_target, check=True)
+    result = do_apply(series, git_target, tier="safe")
+    assert result.ok, result.error
+    assert do_apply(series, git_target, tier="moderate").ok
+    status = subprocess.run(["git", "status", "--porcelain=v1", "--untracked-files=no"],
+                            cwd=git_target, capture_output=True, text=True, check=True).stdout
+    assert sorted(status.splitlines()) == [" M python/sglang/__init__.py", "A  NOTES"]
+    assert readme.read_text().endswith("local note\n")
+
+
 def test_not_the_pinned_base_is_refused(series, pinned_base, tmp_path: Path) -> None:
     tree = materialize(pinned_base, tmp_path / "plain", layout="wheel")
     dsv4 = disk(tree, DSV4)

@@ -91,6 +91,7 @@ class Policy:
     min_score: float
     next_steps_fraction: float = 0.25
     observed: float = 1.0               # x for a state the tracer observed (it ran)
+    not_implicating: tuple[str, ...] = ()   # finding ids that name a patch but clear it
     remedies: dict[str, dict] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -180,6 +181,7 @@ def load(directory: str | None = None) -> Policy:
                   severity_weight=dict(weights.get("severity") or {}),
                   implicated=float(weights.get("implicated", 1.0)),
                   observed=float(weights.get("observed", 1.0)),
+                  not_implicating=tuple(weights.get("not_implicating") or ()),
                   min_score=float(weights.get("min_score", 0.0)),
                   next_steps_fraction=float(weights.get("next_steps_fraction", 0.25)),
                   remedies=dict(sy.get("remedies") or {}),

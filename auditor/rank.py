@@ -107,7 +107,8 @@ def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Ac
     reasons.append(f"gated by {patch.gate.env}={patch.gate.on}: A/B it without a code change"
                    if patch.gate else "unconditional: no gate to A/B; revert it to isolate")
     implicated = [f for h in ctx.hosts for f in h.findings
-                  if patch.name in f.patches and f.status in SUSPECT_STATUSES]
+                  if patch.name in f.patches and f.status in SUSPECT_STATUSES
+                  and f.id not in ctx.policy.not_implicating]
     if implicated:
         best *= ctx.policy.implicated
         reasons += [f"{f.id}: {f.message or f.found}" for f in implicated[:3]]

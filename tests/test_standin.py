@@ -476,6 +476,32 @@ def test_chat_answers_from_what_it_sees_and_faults_change_that(launch) -> None:
     assert http("POST", f"{servers['']}/v1/chat/completions", {"messages": []})[0] == 400
 
 
+def test_each_request_runs_the_trees_sampling_params(launch, tree: Path) -> None:
+    """Per request, the main process runs TokenizerManager.generate_request (module and
+    qualname as in 0.5.14), which checks the request with the served tree's own
+    SamplingParams: its error messages are the 400s, and an edit to that file on disk,
+    made before the start, is what the server runs."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    source = tree / "python/sglang/srt/sampling/sampling_params.py"
+    original = source.read_text()
+    marker = "top_p must be in (0, 1]"
+    source.write_text(original.replace(marker, "top_p out of range (edited tree)"))
+    try:
+        launch("sglang.launch_server", "--model-path", MODEL, "--port", str(port),
+               wait=f"{base}/health")
+    finally:
+        source.write_text(original)
+    msgs = conversation()
+    status, body = http("POST", f"{base}/v1/chat/completions", {"messages": msgs, "top_p": 1.5})
+    assert status == 400 and "top_p out of range (edited tree), got 1.5" in body.decode()
+    status, body = http("POST", f"{base}/v1/chat/completions",
+                        {"messages": msgs, "min_tokens": 4, "max_tokens": 2})
+    assert status == 400 and "min_new_tokens must be in [0, max_new_tokens(2)]" in body.decode()
+    assert ask(base, msgs, temperature=0, stop=["never seen"])["choices"][0]["message"][
+        "content"] == TOKEN
+
+
 def test_unknown_fault_is_a_startup_error(venv_python: str) -> None:
     res = subprocess.run([venv_python, "-m", "sglang.launch_server", "--model-path", MODEL, "--port", str(free_port())],
                          capture_output=True, text=True, timeout=30, cwd="/",

@@ -7,7 +7,9 @@ the real engine's children do), it puts a finder first on ``sys.meta_path``:
 
 * ``sglang`` becomes an empty package whose ``__file__``/``__path__`` are the
   real tree's (its ``__init__`` is not executed: it imports torch);
-* ``sglang.launch_server`` runs ``sglang_standin/_launch_server_main.py``.
+* ``sglang.launch_server`` runs ``sglang_standin/_launch_server_main.py``;
+* ``sglang.srt.managers.tokenizer_manager`` is ``sglang_standin/tokenizer_manager.py``
+  (the per-request entry point, running the tree's real ``SamplingParams``).
 
 Every other process (``python -c 'import importlib.util; ...find_spec("sglang")'``,
 the audit, patchset itself) sees the unmodified tree: ``find_spec('sglang').origin``
@@ -76,7 +78,15 @@ class StandinFinder(importlib.abc.MetaPathFinder):
         if fullname == _TARGET:
             main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_standin", "_launch_server_main.py")
             return importlib.util.spec_from_file_location(_TARGET, main)
+        if fullname in _SERVED:
+            here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_standin", _SERVED[fullname])
+            return importlib.util.spec_from_file_location(fullname, here)
         return None
+
+
+# Modules of the real server that import torch: served by stand-in files under their real
+# names (so patchset's tracer, which watches by module and qualname, sees them imported).
+_SERVED = {"sglang.srt.managers.tokenizer_manager": "tokenizer_manager.py"}
 
 
 def install() -> None:

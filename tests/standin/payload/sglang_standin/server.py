@@ -28,7 +28,9 @@ What runs, in the order the real server does it:
 Endpoints: ``/health``, ``/health_generate``, ``/server_info``,
 ``/get_server_info`` (deprecated alias, logs upstream's warning),
 ``/model_info``, ``/get_model_info``, ``/v1/models``, ``/v1/models/{model}``,
-``/v1/chat/completions`` (JSON or SSE stream; answers from chat.py).  With
+``/v1/chat/completions`` (JSON or SSE stream; answers from chat.py; each request first
+goes through ``TokenizerManager.generate_request``, which runs the served tree's real
+``SamplingParams`` as 0.5.14 does: see tokenizer_manager.py).  With
 ``--api-key``/``--admin-api-key`` (on the command line or in the ``--config``
 file) the tree's own ``decide_request_auth`` decides (``/health*`` stays open).
 
@@ -92,6 +94,9 @@ class Engine:
         self.kv: dict[int, list[dict]] = {}
         self.kv_lock = threading.Lock()
         self.kv_timeout = float(os.environ.get("STANDIN_KV_TIMEOUT") or 30.0)
+        # under its real name, through the import system (see tokenizer_manager.py)
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+        self.tokenizer_manager = TokenizerManager(self.hf_config)
 
     @staticmethod
     def _read_hf_config(model_path: str) -> dict:
@@ -210,6 +215,8 @@ class Engine:
     def chat(self, body: dict) -> tuple[dict, dict]:
         """(response object, what the server saw) for a chat request."""
         messages = chat.normalize(body.get("messages"))
+        from sglang.srt.managers.tokenizer_manager import sampling_kwargs
+        self.tokenizer_manager.generate_request({"sampling_params": sampling_kwargs(body)})
         room = body.get("bootstrap_room")
         bhost = body.get("bootstrap_host")
         if self.mode == "decode" and room is not None and bhost:

@@ -92,7 +92,7 @@ def select_roles(host: Any, roles: list[str] | None) -> list[str]:
 def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | None = None,
                  dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
                  on_event: EventSink | None = None, git_prefix: str = "python/",
-                 package: str = "sglang", source: str = "hosts.yaml",
+                 package: str = "sglang",
                  bisect: str | None = None,
                  gates_off: frozenset[str] = frozenset()) -> DeployResult:
     """Render, diff, verify, install, restart in order and wait for /health (or roll back).
@@ -105,7 +105,7 @@ def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | 
     scrub = Scrub(inventory_secrets(host))
     try:
         result = _deploy(host, transport, tree, roles, dry_run, timeout, lock_wait,
-                         scrub.events(on_event), git_prefix, package, source, bisect,
+                         scrub.events(on_event), git_prefix, package, bisect,
                          gates_off, scrub)
     except PatchsetError as exc:
         raise scrub.error(exc)
@@ -114,11 +114,11 @@ def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | 
 
 def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None, dry_run: bool,
             timeout: float | None, lock_wait: float, on_event: EventSink | None,
-            git_prefix: str, package: str, source: str, bisect: str | None,
+            git_prefix: str, package: str, bisect: str | None,
             gates_off: frozenset[str], scrub: "Scrub") -> DeployResult:
     chosen = select_roles(host, roles)
     # Everything that can be checked without the host is checked first (exit 2).
-    units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix), source=source)
+    units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix))
     base = {"tree": tree, "git_prefix": git_prefix, "package": package,
             "tool_version": __version__}
     facts = _facts(transport, dict(base, op="facts", roles=_names(chosen)))
@@ -138,7 +138,7 @@ def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None,
     resolved = units.resolve(host, chosen, t["root"], state, t["layout"], git_prefix)
     if timeout is not None:
         resolved = {r: replace(u, health_timeout=timeout) for r, u in resolved.items()}
-    rendered = units.render(host, resolved, source=source)
+    rendered = units.render(host, resolved)
     scrub.add(rendered_secrets(resolved))
     for r in chosen:
         info = facts["roles"][r]
@@ -447,8 +447,7 @@ def restart_after_apply(series, inventory, specs, transports, results, timeout, 
             result = deploy_units(host, transport, tree, roles=roles, timeout=timeout,
                                   lock_wait=lock_wait, on_event=on_event,
                                   git_prefix=series.upstream.git_prefix,
-                                  package=series.upstream.name,
-                                  source=inventory.path or "hosts.yaml")
+                                  package=series.upstream.name)
         except PatchsetError as exc:
             result = DeployResult(host=applied.host, ok=False,
                                   error=Scrub(inventory_secrets(host)).text(str(exc)),

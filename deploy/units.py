@@ -699,15 +699,17 @@ def _filter(func: Callable[[Any], str]) -> Callable[[Any], str]:
     return wrapped
 
 
-def render(host: Any, units: dict[str, RoleUnit], template_dir: Path | None = None,
-           source: str = "hosts.yaml") -> dict[str, Rendered]:
-    """Unit and env file text of each role, from the templates in systemd/."""
+def render(host: Any, units: dict[str, RoleUnit],
+           template_dir: Path | None = None) -> dict[str, Rendered]:
+    """Unit and env file text of each role, from the templates in systemd/. Nothing about
+    where or how the inventory was given reaches the text (a path in a comment made the
+    same inventory as `hosts.yaml` and `/abs/hosts.yaml` render different units)."""
     env = _environment(template_dir)
     out = {}
     for role, u in units.items():
         s = u.settings
         context = {
-            "host": host.name, "role": role, "unit": u.unit, "source": source,
+            "host": host.name, "role": role, "unit": u.unit,
             "argv": u.argv, "env": u.env, "gates": u.gates, "gate_sources": u.gate_sources,
             "env_path": u.env_path, "tree": u.tree, "user": s.get("user"),
             "group": s.get("group"),
@@ -720,18 +722,18 @@ def render(host: Any, units: dict[str, RoleUnit], template_dir: Path | None = No
         }
         unit_text = env.get_template(f"sglang-{role}.service.j2").render(context)
         env_text = env.get_template(f"sglang-{role}.env.j2").render(context)
-        config = config_text(u, host.name, source) if u.config else None
+        config = config_text(u, host.name) if u.config else None
         _check_rendered(u, unit_text, env_text, config)
         out[role] = Rendered(role, u.unit, u.unit_path, unit_text, u.env_path, env_text,
                              u.config_path if config is not None else None, config)
     return out
 
 
-def config_text(u: RoleUnit, host: str, source: str = "hosts.yaml") -> str:
+def config_text(u: RoleUnit, host: str) -> str:
     """The `--config` YAML of a role: one `flag-name: "value"` line per credential (JSON
     string syntax, which YAML's double-quoted scalars read the same)."""
     lines = [f"# {u.config_path}: credentials of {u.unit} on {host}, root only (0600).",
-             f"# Rendered by `patchset deploy` from {source}; do not edit here. SGLang reads",
+             "# Rendered by `patchset deploy` from the inventory; do not edit here. SGLang reads",
              "# it with --config, so the values stay out of the unit file and the command line."]
     lines += [f"{key}: {json.dumps(value, ensure_ascii=False)}" for key, value in u.config.items()]
     return "\n".join(lines) + "\n"

@@ -53,7 +53,6 @@ class BisectHost:
     series: Series
     host: Any                 # deploy.inventory.Host
     transport: Transport
-    source: str = "hosts.yaml"
     health_timeout: float | None = None
     on_event: Callable[[dict], None] | None = None
 
@@ -230,7 +229,7 @@ def _converge(t: BisectHost, bisect_id: str, applied: list[str],
         raise TargetError(result.error or f"{t.host.name}: apply failed")
     done = deploy_units(t.host, t.transport, t.tree, roles=t.roles, timeout=t.health_timeout,
                   on_event=t.on_event, git_prefix=t.series.upstream.git_prefix,
-                  package=t.series.upstream.name, source=t.source, bisect=bisect_id,
+                  package=t.series.upstream.name, bisect=bisect_id,
                   gates_off=frozenset(gates_off))
     if not done.ok:
         raise TargetError(done.error or f"{t.host.name}: deploy failed")
@@ -357,7 +356,6 @@ def bisect_host(series: Series, resolver: Any, spec: str,
     host = resolver.inventory.resolve(spec)
     transport = resolver.transport(spec, provision_local=False)
     return BisectHost(series=series, host=host, transport=transport,
-                      source=resolver.inventory.path or "hosts.yaml",
                       health_timeout=health_timeout)
 
 
@@ -452,8 +450,7 @@ def _require_deployed(t: BisectHost) -> None:
         raise UsageError(f"{t.host.name}: no prefill or decode role in hosts.yaml: nothing "
                          "serves the tree, so there is nothing to probe")
     result = deploy_units(t.host, t.transport, t.tree, roles=t.roles, dry_run=True,
-                    git_prefix=t.series.upstream.git_prefix, package=t.series.upstream.name,
-                    source=t.source)
+                    git_prefix=t.series.upstream.git_prefix, package=t.series.upstream.name)
     off = [f"{r.unit} ({r.restart})" for r in result.roles if r.changed or r.restart]
     if off:
         raise TargetError(f"{t.host.name}: the units are not as `patchset deploy` renders and "

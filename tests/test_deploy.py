@@ -197,6 +197,14 @@ def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, dep
                              "/etc/sglang/*") == stamps
     code, out, _ = cli(capsys, "deploy", one_host.name, "--dry-run")
     assert code == 0 and "---" not in out and out.count(": unchanged") == 3
+    # the same inventory spelled another way renders the same files: nothing to restart
+    code, out, err = cli(capsys, "deploy", one_host.name, "--json", "--inventory",
+                         str(Path("hosts.yaml").resolve()))
+    assert code == 0, err
+    assert not json.loads(out)[0]["changed"]
+    assert {unit: main_pid(one_host, unit) for unit in UNITS} == pids
+    assert str(Path.cwd()) not in on_host(one_host, "cat /etc/systemd/system/sglang-*.service "
+                                                    "/etc/sglang/*.env")
 
     code, out, _ = cli(capsys, "status", one_host.name, "--json")
     [st] = json.loads(out)

@@ -41,8 +41,7 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
                                     roles=list(parse_names(role)) or None, dry_run=dry_run,
                                     timeout=health_timeout, lock_wait=lock_wait,
                                     on_event=view.event, git_prefix=s.upstream.git_prefix,
-                                    package=s.upstream.name,
-                                    source=resolver.inventory.path or "hosts.yaml")
+                                    package=s.upstream.name)
             result = run_restoring(s, resolver, host, run_once, say)
     if as_json:
         emit_json([result.to_json()])

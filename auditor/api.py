@@ -26,7 +26,7 @@ from .model import PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, Pro
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.2"          # 1.1: hosts[].probes, probe[...]; 1.2: states[].evidence, trace[...]
+SCHEMA_VERSION = "1.3"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 

@@ -15,16 +15,28 @@ from .rank import Access
 from .render import FORMATS
 from .report import to_dict
 
+# The roles `patchset probe HOST` sends to, in order (isolate/probe.py, deploy/tunnel.py):
+# a host with a port for one is probed by name, through its SSH connection.
+PROBE_ROLES = ("router", "decode")
+
 
 def check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
 
 
-def access(inventory: Any, specs: list[str]) -> Access:
-    out = Access()
+def access(inventory: Any, specs: list[str], inventory_file: Any = None,
+           series_file: Any = None) -> Access:
+    """How the report's suggested commands reach each host, and the --inventory/--series
+    they carry: the files the audit was given on its command line (None: it used the
+    default, which the suggested command finds again the same way)."""
+    out = Access(inventory=str(inventory_file) if inventory_file else None,
+                 series=str(series_file) if series_file else None)
     for spec in specs:
         host = inventory.resolve(spec)
+        if spec in inventory.hosts and any((host.roles.get(role) or {}).get("port")
+                                           for role in PROBE_ROLES):
+            out.probe_hosts += (spec,)
         if host.local:
             continue
         argv = ["ssh"]
@@ -39,8 +51,10 @@ def access(inventory: Any, specs: list[str]) -> Access:
 
 
 def run(series: Series, transports: list[Any], symptom: str | None, inventory: Any,
-        specs: list[str], probes: api.HostProbes | None = None):
-    report = api.audit(series, transports, symptom, access(inventory, specs), probes=probes)
+        specs: list[str], probes: api.HostProbes | None = None,
+        inventory_file: Any = None, series_file: Any = None):
+    steps = access(inventory, specs, inventory_file, series_file)
+    report = api.audit(series, transports, symptom, steps, probes=probes)
     return report, to_dict(report), api.exit_code(report)
 
 

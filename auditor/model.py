@@ -227,6 +227,7 @@ class ProbeResult:
     error: str | None = None
     unreachable: bool = False
     url: str = ""                 # the endpoint it was sent to (audit reports mix hosts)
+    drift: dict | None = None     # probe "drift": the figures (isolate.drift DriftReport)
 
 
 def size_label(size: int) -> str:

@@ -36,16 +36,28 @@ SUSPECT_STATUSES = ("fail", "warn")
 
 @dataclass
 class Access:
-    """How a step's command reaches a host: `ssh` argv prefix, or none for localhost."""
+    """How a step's command reaches a host: `ssh` argv prefix, or none for localhost;
+    and what a suggested `patchset` command needs to find the same files and hosts."""
 
     ssh: dict[str, list[str]] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)   # host -> address for URLs
+    inventory: str | None = None    # --inventory as the audit was given it (None: default)
+    series: str | None = None       # --series likewise
+    probe_hosts: tuple[str, ...] = ()   # hosts `patchset probe HOST` reaches by name
 
     def remote(self, host: str, command: str) -> str:
         prefix = self.ssh.get(host)
         if prefix is None:
             return command
         return shlex.join(prefix) + " " + shlex.quote(command)
+
+    def options(self, series: bool = True) -> str:
+        """` --inventory FILE --series FILE`, shell-quoted, for the files the audit was
+        given explicitly (a default is found again the same way): appended to a
+        suggested command so it acts on the same hosts and series."""
+        words = (["--inventory", self.inventory] if self.inventory else []) + (
+            ["--series", self.series] if series and self.series else [])
+        return " " + shlex.join(words) if words else ""
 
 
 def rank(ctx: AuditContext, symptom_name: str, access: Access | None = None) -> SymptomReport:
@@ -137,14 +149,16 @@ def _patch_steps(ctx: AuditContext, symptom: Symptom, patch: Patch,
             applied = _applied(host)
             names = ",".join([n for n in applied] + [patch.name])
             steps.append(NextStep(2, "apply", f"add {patch.name} to {host.host}'s selection",
-                                  f"patchset plan --only {names} {shlex.quote(host.host)}",
+                                  f"patchset plan --only {names} {shlex.quote(host.host)}"
+                                  + access.options(),
                                   "plan shows the change; apply with the same selection"))
         elif st.state == "inert":
             steps.append(NextStep(2, "fix", f"make {patch.name} reach its code path on "
                                   f"{host.host}", "", st.reason))
     if not patch.gate:
         for host_name, units in sorted(restart.items()):
-            revert = f"patchset revert {patch.name} --host {shlex.quote(host_name)}"
+            revert = (f"patchset revert {patch.name} --host {shlex.quote(host_name)}"
+                      + access.options())
             units = sorted(set(units))
             then = access.remote(host_name, "systemctl restart " + " ".join(units))
             if symptom.states.get("active", 0) > 0:
@@ -202,7 +216,8 @@ def _hazard_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
             if m.kind == "fix" and fix and fix[0] in m.title:
                 host = ctx.hosts[0]
                 names = ",".join(_applied(host) + fix[:1])
-                command = f"patchset plan --only {names} {shlex.quote(host.host)}"
+                command = (f"patchset plan --only {names} {shlex.quote(host.host)}"
+                           + access.options())
             steps.append(NextStep(m.cost, m.kind, m.title, command))
         out.append((score, "hazard", hz.id, reasons, steps))
     return out
@@ -235,7 +250,8 @@ def _remedies(ctx: AuditContext, check_id: str, host_name: str, findings: list[F
                     if f.subject.split(" ")[0].endswith(".service")}) or [""]
     steps = []
     for unit in units:
-        values = {"unit": shlex.quote(unit) if unit else "UNIT", "host": shlex.quote(host_name)}
+        values = {"unit": shlex.quote(unit) if unit else "UNIT", "host": shlex.quote(host_name),
+                  "options": access.options()}
         title = spec["title"].format(unit=unit or "the unit", host=host_name)
         if spec.get("remote"):
             command = access.remote(host_name, spec["remote"].format(**values))
@@ -259,9 +275,13 @@ def _next_steps(ctx: AuditContext, symptom: Symptom, suspects: tuple[Suspect, ..
                       if s.score >= floor for step in s.steps), key=lambda t: t[:3])
     steps = _dedupe([t[3] for t in ordered])
     if symptom.probe:
-        url = _probed_url(reproduced or probed) or _probe_url(ctx, access)
-        steps.append(NextStep(3, "probe", symptom.probe.get("title", "probe"),
-                              symptom.probe.get("command", "").format(url=shlex.quote(url)),
+        host, url = _probed(reproduced or probed) or ("", "")
+        if host not in access.probe_hosts and not url.startswith(("http://", "https://")):
+            host, url = _probe_url(ctx, access)
+        target = (shlex.quote(host) + access.options(series=False)
+                  if host in access.probe_hosts else f"--url {shlex.quote(url)}")
+        command = symptom.probe.get("command", "").format(url=shlex.quote(url), target=target)
+        steps.append(NextStep(3, "probe", symptom.probe.get("title", "probe"), command,
                               _probe_why(probed, reproduced)))
     return tuple(steps)
 
@@ -273,9 +293,10 @@ def _probe_findings(ctx: AuditContext, symptom: Symptom) -> list[Finding]:
     return [f for h in ctx.hosts for f in h.findings if f.id in ids]
 
 
-def _probed_url(findings: list[Finding]) -> str | None:
-    """The endpoint the audit's probes were sent to, so the probe step repeats them."""
-    return next((ev.value["url"] for f in findings for ev in f.evidence
+def _probed(findings: list[Finding]) -> tuple[str, str] | None:
+    """(host, endpoint) the audit's probes were sent to, so the probe step repeats them
+    (the endpoint is a URL, or what an endpoint reached through SSH describes itself as)."""
+    return next(((f.host, str(ev.value["url"])) for f in findings for ev in f.evidence
                  if isinstance(ev.value, dict) and ev.value.get("url")), None)
 
 
@@ -292,11 +313,13 @@ def _probe_why(probed: list[Finding], reproduced: list[Finding]) -> str:
     return compare
 
 
-def _probe_url(ctx: AuditContext, access: Access) -> str:
-    """Where a client's request enters, over all hosts (the first host's, on a tie)."""
-    found = [url for host in ctx.hosts
+def _probe_url(ctx: AuditContext, access: Access) -> tuple[str, str]:
+    """(host, URL) where a client's request enters, over all hosts (the first host's,
+    on a tie)."""
+    found = [(url[0], host.host, url[1]) for host in ctx.hosts
              if (url := entry_url(host.facts, access.addresses.get(host.host)))]
-    return min(found, key=lambda t: t[0])[1] if found else "http://HOST:PORT"
+    best = min(found, key=lambda t: t[0]) if found else (0, "", "http://HOST:PORT")
+    return best[1], best[2]
 
 
 def entry_url(facts: HostFacts, address: str | None = None) -> tuple[int, str] | None:

@@ -1,8 +1,9 @@
 """HOST arguments -> transports, through the inventory.
 
 `localhost` runs the engine in this process on a local tree (the provisioned default one
-unless --target says otherwise); anything else is an SSH host. Connections opened here
-are closed when the resolver's `with` block ends.
+unless --target says otherwise); anything else is an SSH host. `endpoint` gives a host's
+HTTP server, through the same SSH connection. Connections opened here are closed when the
+resolver's `with` block ends.
 """
 
 from __future__ import annotations
@@ -61,6 +62,25 @@ class Hosts:
             if not host.local:
                 raise
             return LocalTransport(Path(default_target(self.series.upstream)))
+
+    def endpoint(self, spec: str, roles: tuple[str, ...] | None = None,
+                 at: tuple[str, int] | None = None):
+        """The HTTP endpoint (deploy/tunnel.py) of `spec`'s role (router, else decode;
+        or `at`, an address and port as seen from the host), through the SSH connection
+        this resolver already holds for it, so there is one connection and one host-key
+        check per host; closed with the resolver."""
+        from . import tunnel
+        host = self.inventory.resolve(spec)
+        roles = roles or tunnel.ROLE_PREFERENCE
+        if host.local:
+            return tunnel.endpoint_for(host, roles, at=at)
+        from .ssh import SshTransport
+        held = next((t for t in self.opened
+                     if isinstance(t, SshTransport) and t.host == host.name), None)
+        if held is None:
+            held = SshTransport(host, "", accept_new=self.accept_new, python=host.python)
+            self.opened.append(held)
+        return tunnel.endpoint_for(host, roles, at=at, transport=held)
 
     def __enter__(self) -> "Hosts":
         return self

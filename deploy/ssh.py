@@ -15,6 +15,7 @@ import os
 import secrets
 import shlex
 import socket
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -76,6 +77,7 @@ class SshTransport:
         self.accept_new = accept_new
         self.python = python
         self._conn = None
+        self._lock = threading.Lock()   # probes may open channels from several threads
         self.sudo = False
         self.round_trips = 0      # agent commands run (what the benchmarks count)
         self.bytes_sent = 0       # bundle bytes uploaded
@@ -83,9 +85,35 @@ class SshTransport:
     # ------------------------------------------------------------ connection
 
     def connection(self):
-        if self._conn is None:
-            self._conn = self._open()
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._open()
         return self._conn
+
+    def open_channel(self, host: str, port: int, timeout: float = CONNECT_TIMEOUT):
+        """A `direct-tcpip` channel to host:port as the host itself sees it, on this
+        transport's one connection (host key checked, ProxyJump hops included): how
+        deploy/tunnel.py reaches a server bound to the host's loopback, or a host known
+        only by an ssh-config alias. Only bytes travel; no command or shell is involved."""
+        import paramiko
+        conn = self.connection()
+        where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        try:
+            session = conn.client.get_transport()
+            if session is None or not session.is_active():
+                raise paramiko.SSHException("the SSH session is closed")
+            return session.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0),
+                                        timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            if isinstance(exc, paramiko.ChannelException):     # RFC 4254 reason codes
+                reason = {1: "the host's sshd does not forward there (AllowTcpForwarding, "
+                             "PermitOpen)",
+                          2: "connect failed: nothing listens there, or the host cannot "
+                             "reach it"}.get(exc.code, exc.text or "open failed")
+            else:
+                reason = str(exc) or type(exc).__name__
+            raise HostUnreachable(f"{self.host}: cannot reach {where} from the host through "
+                                  f"ssh ({reason.rstrip('.')})") from None
 
     def _open(self):
         from fabric import Config, Connection

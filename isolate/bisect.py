@@ -25,8 +25,9 @@ import os
 import secrets
 import signal
 import socket
+import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +39,7 @@ from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, Usa
 from patchset.model import Series
 from patchset.selection import Plan, Selection
 
+from . import drift, driftsearch
 from . import probe as probe_mod
 
 SERVER_ROLES = ("prefill", "decode")
@@ -109,16 +111,31 @@ class BisectReport:
     restore_error: str | None = None
     error: str | None = None      # what stopped the steps early (the restore still ran)
     interrupted: bool = False
+    unreachable: bool = False     # the starting state's probe got no answer: nothing done
     saved: str | None = None
+    strategy: str = "one-at-a-time"          # | group-testing (--probe drift)
+    contributions: list[dict] = field(default_factory=list)   # drift: per suspect
 
     @property
     def exit_code(self) -> int:
+        if self.unreachable:
+            return Exit.UNREACHABLE
         if self.restore_error or self.error:
             return Exit.FAILED
         return Exit.INTERRUPTED if self.interrupted else Exit.OK
 
+    @property
+    def states(self) -> int:
+        """Test states the host was put in (the restore not counted)."""
+        return sum(1 for s in self.steps if s.action not in ("baseline", "restore"))
+
+    @property
+    def unit_restarts(self) -> int:
+        """Every unit restart, the restore's and an interrupted step's included."""
+        return sum(len(s.restarted) for s in self.steps)
+
     def to_json(self) -> dict:
-        return asdict(self)
+        return dict(asdict(self), states=self.states, unit_restarts=self.unit_restarts)
 
 
 @dataclass(frozen=True)
@@ -135,12 +152,54 @@ class BisectProbe:
         report = probe_mod.fidelity(probe_mod.FidelitySpec(
             url=self.url, kinds=self.kinds, sizes=self.sizes, api_key_env=self.api_key_env,
             timeout=self.timeout))
+        if report.unreachable:
+            raise Unreachable("; ".join(r.error or r.reason for r in report.results
+                                        if r.unreachable))
         return report.ok, [asdict(r) for r in report.results]
+
+
+class Unreachable(Exception):
+    """The probe got no answer from the endpoint (not a verdict about the server)."""
+
+
+@dataclass
+class DriftProbe:
+    """`--probe drift`: each state measured in numbers (isolate/drift.py), the suspects
+    searched by group testing (isolate/driftsearch.py)."""
+
+    client: Any               # isolate.drift.Client
+    spec: Any                 # isolate.drift.DriftSpec
+    kinds: tuple[str, ...] = ("drift",)
+
+    @property
+    def url(self) -> str:
+        return self.client.describe()
+
+    def baseline(self) -> Any:
+        return self._guard(lambda: drift.measure(self.client, self.spec))
+
+    def at(self, base: Any) -> tuple[Any, Any]:
+        """(A/B drift of the starting state's tokens, this state's prefill-vs-decode)."""
+        once = replace(self.spec, repeats=1)
+        return self._guard(lambda: (drift.a_b(base, drift.replay_saved(self.client, base, once),
+                                              self.spec.k),
+                                    drift.prefill_vs_decode(drift.measure(self.client, once),
+                                                            self.spec.k)))
+
+    @staticmethod
+    def _guard(run: Callable[[], Any]) -> Any:
+        from .httpjson import Unreachable as NoAnswer
+        try:
+            return run()
+        except NoAnswer as exc:
+            raise Unreachable(str(exc)) from None
+        except drift.DriftError as exc:
+            raise TargetError(f"drift probe: {exc}") from None
 
 
 # ---------------------------------------------------------------- the run
 
-def bisect(t: BisectHost, probe: BisectProbe, symptom: str = "context-loss",
+def bisect(t: BisectHost, probe: "BisectProbe | DriftProbe", symptom: str = "context-loss",
            say: Say = lambda _: None) -> BisectReport:
     status = _status_record(t)
     if status.bisect:
@@ -152,7 +211,12 @@ def bisect(t: BisectHost, probe: BisectProbe, symptom: str = "context-loss",
                           url=probe.url, symptom=symptom, started=_now(), starting=starting)
     report.candidates = candidates(t, symptom, starting)
     say(f"{t.host.name}: probing the starting state ({len(starting)} patches applied)")
-    ok, results = probe.run()
+    if isinstance(probe, DriftProbe):
+        return _bisect_drift(t, probe, report, say)
+    try:
+        ok, results = probe.run()
+    except Unreachable as exc:
+        return _refused(report, str(exc))
     report.steps.append(BisectStep(0, "baseline", "starting state", starting, [], ok,
                                    results))
     if ok:
@@ -166,17 +230,111 @@ def bisect(t: BisectHost, probe: BisectProbe, symptom: str = "context-loss",
         report.restored = True
         return report
     api.bisect_mark(t.series, t.transport, report.id, _record(report, t))
+    return _restoring(t, report, say, lambda: _walk(t, probe, report, steps, say),
+                      "interrupted before a change flipped the probe")
+
+
+def _restoring(t: BisectHost, report: BisectReport, say: Say, steps: Callable[[], None],
+               interrupted: str) -> BisectReport:
+    """Run the test steps; whatever stops them (Ctrl-C, a failure, a lost server), the
+    starting state is restored and the report says why it stopped."""
     try:
-        _walk(t, probe, report, steps, say)
+        steps()
     except KeyboardInterrupt:
         report.interrupted = True
-        report.verdict = "interrupted before a change flipped the probe"
+        report.verdict = interrupted
         say("interrupted: restoring the starting state (Ctrl-C is ignored until it is done)")
-    except PatchsetError as exc:
+    except (PatchsetError, Unreachable) as exc:
         report.error = str(exc)
-        report.verdict = f"stopped at step {len(report.steps)}: {exc}"
+        report.verdict = f"stopped at step {len(report.steps) - 1}: {exc}"
     finally:
         _restore_guarded(t, report, say)
+    return report
+
+
+def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
+                  say: Say) -> BisectReport:
+    """Measure the starting state (its sequences, the noise between replays, its
+    prefill-vs-decode drift); when that drift is above the noise, search the suspects by
+    group testing, each state's A/B drift against the starting state's tokens."""
+    report.strategy = "group-testing"
+    try:
+        base = probe.baseline()
+    except Unreachable as exc:
+        return _refused(report, str(exc))
+    start = drift.prefill_vs_decode(base, probe.spec.k)
+    report.steps.append(BisectStep(0, "baseline", "starting state", list(report.starting), [],
+                                   not start.verdict.above, [_drift_json(start)]))
+    if start.verdict.above is not True:
+        report.verdict = ("prefill and decode agree within the noise in the starting state: "
+                          "nothing to bisect" if start.verdict.above is False else
+                          f"no verdict: {start.verdict.why}")
+        report.restored = True
+        return report
+    steps = {c.patch: c for c in report.candidates if c.plan != "skip"}
+    if not steps:
+        report.verdict = ("prefill and decode disagree, but no ranked suspect can be toggled "
+                          "or reverted here (see the candidates): the cause is outside them")
+        report.restored = True
+        return report
+    noise = drift.noise(base)
+    judge = drift.Verdict.judge(0.0, noise, probe.spec.k)
+    spread = statistics.stdev(noise)
+    api.bisect_mark(t.series, t.transport, report.id, _record(report, t))
+
+    def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
+        chosen = [steps[name] for name in group]
+        gates = [c.patch for c in chosen if c.plan == "gate-off"]
+        out = sorted({n for c in chosen if c.plan == "revert" for n in c.takes_out})
+        started = time.monotonic()
+        step = _enter(t, report, "group", _group_change(t, chosen), out, gates, say)
+        ab, here = probe.at(base)
+        cleared = not (here.overall.overall.mean or 0.0) > judge.threshold
+        step.probe_ok = cleared
+        step.probes = [_drift_json(ab), _drift_json(here)]
+        step.seconds = round(time.monotonic() - started, 2)
+        say(f"{t.host.name}: step {step.number}: A/B drift {ab.overall.overall.mean:.3g}; "
+            f"prefill vs decode {'within' if cleared else 'above'} the noise")
+        return driftsearch.Measurement(ab.overall.overall.mean or 0.0, cleared)
+
+    def attribute() -> None:
+        found = driftsearch.search(list(steps), measure, judge.threshold, spread,
+                                   probe.spec.k)
+        report.contributions = [asdict(c) for c in found.contributions]
+        report.verdict = _drift_verdict(found, judge.threshold)
+        if found.culprits:
+            top = max(found.contributions, key=lambda c: c.value or 0.0)
+            report.culprit = {"patch": top.suspect, "action": steps[top.suspect].plan,
+                              "contribution": top.value, "interval": [top.low, top.high]}
+
+    return _restoring(t, report, say, attribute, "interrupted before the drift was attributed")
+
+
+def _group_change(t: BisectHost, chosen: list[Candidate]) -> str:
+    return "; ".join(_describe(t, c).removesuffix(", restart") for c in chosen) + ", restart"
+
+
+def _drift_verdict(found: driftsearch.SearchResult, threshold: float) -> str:
+    if not found.culprits:
+        return ("taking the suspects out does not move the output beyond the noise "
+                f"(threshold {threshold:.3g}): the drift is outside the candidates")
+    parts = [f"{c.suspect} {c.value:.3g} [{c.low:.3g}, {c.high:.3g}] ({c.how})"
+             for c in found.contributions if c.suspect in found.culprits and c.value]
+    return (f"the drift is carried by {', '.join(parts)}; {found.restarts} test states "
+            f"(threshold {threshold:.3g})")
+
+
+def _drift_json(rep: Any) -> dict:
+    """A drift report for a step's `probes`: the figures, not the per-token points."""
+    return rep.to_json()
+
+
+def _refused(report: BisectReport, why: str) -> BisectReport:
+    """The starting state's probe got no answer: stop before any change (exit 3)."""
+    report.unreachable = True
+    report.error = f"the probe cannot reach the endpoint in the starting state: {why}"
+    report.verdict = "not started: nothing was changed on the host"
+    report.restored = True
     return report
 
 
@@ -205,35 +363,53 @@ def _walk(t: BisectHost, probe: BisectProbe, report: BisectReport, steps: list[C
 
 def _step(t: BisectHost, probe: BisectProbe, report: BisectReport, action: str, change: str,
           take_out: list[str], gates_off: list[str], say: Say) -> BisectStep:
+    started = time.monotonic()
+    step = _enter(t, report, action, change, take_out, gates_off, say)
+    ok, results = probe.run()
+    step.probe_ok, step.probes = ok, results
+    step.seconds = round(time.monotonic() - started, 2)
+    say(f"{t.host.name}: step {step.number}: probe {'PASSES' if ok else 'still fails'}")
+    return step
+
+
+def _enter(t: BisectHost, report: BisectReport, action: str, change: str,
+           take_out: list[str], gates_off: list[str], say: Say) -> BisectStep:
+    """Put the host in a test state. The step is in the report before the first restart,
+    and each restart is counted as it happens: an interrupted step's restarts count."""
     number = len(report.steps)
     say(f"{t.host.name}: step {number}: {change}")
-    started = time.monotonic()
     applied = [n for n in report.starting if n not in take_out]
-    restarted = _converge(t, report.id, applied, gates_off)
-    engine.crash_point(f"bisect-step-{number}")
-    ok, results = probe.run()
-    step = BisectStep(number, action, change, applied, list(gates_off), ok, results,
-                      restarted, round(time.monotonic() - started, 2))
+    step = BisectStep(number, action, change, applied, list(gates_off), None, [])
     report.steps.append(step)
-    say(f"{t.host.name}: step {number}: probe {'PASSES' if ok else 'still fails'}")
+    _converge(t, report.id, applied, gates_off, step.restarted)
+    engine.crash_point(f"bisect-step-{number}")
     return step
 
 
 def _converge(t: BisectHost, bisect_id: str, applied: list[str],
-              gates_off: list[str]) -> list[str]:
-    """Make the host run exactly `applied` with `gates_off` unset; the roles restarted."""
+              gates_off: list[str], restarted: list[str] | None = None) -> list[str]:
+    """Make the host run exactly `applied` with `gates_off` unset; the roles restarted
+    (appended to `restarted` as each restart begins)."""
     from deploy.deploy import deploy_units
+    counted = restarted if restarted is not None else []
     selected = _plan(t.series, applied)
     [result] = api.apply(t.series, selected, [t.transport], bisect=bisect_id)
     if not result.ok:
         raise TargetError(result.error or f"{t.host.name}: apply failed")
+
+    def on_event(event: dict) -> None:
+        if event.get("event") == "restart" and event.get("role"):
+            counted.append(str(event["role"]))
+        if t.on_event:
+            t.on_event(event)
+
     done = deploy_units(t.host, t.transport, t.tree, roles=t.roles, timeout=t.health_timeout,
-                  on_event=t.on_event, git_prefix=t.series.upstream.git_prefix,
-                  package=t.series.upstream.name, bisect=bisect_id,
-                  gates_off=frozenset(gates_off))
+                        on_event=on_event, git_prefix=t.series.upstream.git_prefix,
+                        package=t.series.upstream.name, bisect=bisect_id,
+                        gates_off=frozenset(gates_off))
     if not done.ok:
         raise TargetError(done.error or f"{t.host.name}: deploy failed")
-    return [r.role for r in done.roles if r.restart]
+    return counted
 
 
 # ---------------------------------------------------------------- candidates

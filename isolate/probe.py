@@ -409,8 +409,47 @@ class AuditProbes:
         return not_run(self.spec, host, reason).results
 
 
+@dataclass
+class DriftAuditProbes:
+    """`audit --probe drift`: the drift probe (isolate/drift.py) against each host's
+    endpoint, as one record per host (probe[drift]: evidence the numbers)."""
+
+    spec: Any                             # isolate.drift.DriftSpec
+    key_env: str | None = None
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def run(self, host: str, url: str) -> list[ProbeResult]:
+        from .drift import probe_drift
+        from .httpjson import UrlClient
+        started = time.monotonic()
+        try:
+            outcome = probe_drift(UrlClient(url, api_key(self.key_env)), self.spec)
+        except Exception as exc:          # noqa: BLE001 - a failed probe is a record
+            return [self._result(url, False, f"the drift probe failed: {exc}", str(exc),
+                                 started)]
+        if outcome.unreachable:
+            return [self._result(url, False, "the endpoint could not be reached",
+                                 outcome.error, started, unreachable=True)]
+        rep = outcome.report
+        return [self._result(url, rep.verdict.above is False, rep.verdict.why, None, started,
+                             drift=rep.to_json())]
+
+    def not_run(self, host: str, reason: str) -> list[ProbeResult]:
+        return [ProbeResult(probe="drift", name="drift", ok=False, reason=reason, expected="",
+                            error=reason, unreachable=True)]
+
+    @staticmethod
+    def _result(url: str, ok: bool, reason: str, error: str | None, started: float,
+                unreachable: bool = False, drift: dict | None = None) -> ProbeResult:
+        return ProbeResult(probe="drift", name="drift", ok=ok, reason=reason,
+                           expected="prefill and decode within the noise",
+                           answer=_clip(reason, ANSWER_CHARS), error=error,
+                           unreachable=unreachable, url=url, drift=drift,
+                           latency_ms=round((time.monotonic() - started) * 1000, 1))
+
+
 def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeout: float,
-                 inventory: Any, specs: list[str]) -> AuditProbes | None:
+                 inventory: Any, specs: list[str]) -> "AuditProbes | DriftAuditProbes | None":
     """`--probe KIND [--probe-sizes S] [--api-key-env NAME]` as the audit's probes, checked
     before any host is contacted (bad input is exit 2, not a report full of failed probes).
     The key itself stays in the environment: the spec holds only the variable's name."""
@@ -419,9 +458,6 @@ def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeo
         if sizes or key_env:
             raise UsageError("--probe-sizes and --api-key-env need --probe recall|needle|all")
         return None
-    spec = FidelitySpec(kinds=parse_kinds(kind, "--probe"),
-                        sizes=parse_sizes(sizes, "--probe-sizes"), api_key_env=key_env,
-                        timeout=timeout)
     api_key(key_env)
     urls = {}
     for name in specs:
@@ -429,6 +465,13 @@ def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeo
         url = role_url(host)
         if url:
             urls[host.name] = url           # the transport's name for it (local -> localhost)
+    if kind == "drift":
+        from .drift import DriftSpec
+        return DriftAuditProbes(DriftSpec(sizes=parse_sizes(sizes, "--probe-sizes"),
+                                          timeout=timeout), key_env, urls)
+    spec = FidelitySpec(kinds=parse_kinds(kind, "--probe"),
+                        sizes=parse_sizes(sizes, "--probe-sizes"), api_key_env=key_env,
+                        timeout=timeout)
     return AuditProbes(spec, urls)
 
 

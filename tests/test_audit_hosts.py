@@ -166,7 +166,8 @@ def test_seed_layout_states_checks_and_suspects(audit_env, capsys) -> None:
     assert suspects[:2] == ["mhc-bf16", "nvfp4-cutlass-no-swiglu-clamp"]
     assert suspects[-2:] == ["mma-splitk-decode", "triton-dsa-indexer"]
     assert data["symptom"]["next_steps"][0]["command"].startswith(
-        f"patchset revert mhc-bf16 --host {audit_env['host'].name} && ssh -p "
+        f"patchset revert mhc-bf16 --host {audit_env['host'].name} --series "
+        f"{shlex.quote(str(audit_env['series']))} && ssh -p "   # the audit was given --series
         f"{audit_env['host'].port} root@{audit_env['host'].ip} 'systemctl restart ")
 
 

@@ -4,6 +4,9 @@ which path the symptom is on), never from patch names."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import shlex
+from pathlib import Path
 
 import pytest
 from audit_facts import synth
@@ -113,3 +116,70 @@ def test_aliases_and_unknown_symptoms(series, seed) -> None:
     assert err.value.exit_code == 2
     assert str(err.value) == ("unknown symptom 'slowness' (known: context-loss, "
                               "decode-quality, throughput)")
+
+
+GIVEN = Access(ssh=ACCESS.ssh, addresses=ACCESS.addresses, inventory="my hosts/hosts.yaml",
+               series="series/patches.yaml")
+CARRIED = " --inventory 'my hosts/hosts.yaml' --series series/patches.yaml"
+
+
+def test_suggested_commands_carry_the_inventory_and_series_the_audit_was_given(series,
+                                                                               seed) -> None:
+    steps = api.evaluate(series, [synth.facts(seed, series)], "context-loss", GIVEN) \
+        .symptom.next_steps
+    revert, plan = steps[0], steps[1]
+    assert revert.command == (f"patchset revert mhc-bf16 --host gpu1{CARRIED} && ssh -p 22 "
+                              "root@10.0.0.5 'systemctl restart sglang-decode.service "
+                              "sglang-prefill.service'")    # the ssh part carries nothing
+    assert plan.command.startswith("patchset plan --only default-thinking-reasoning,")
+    assert plan.command.endswith(f",nvfp4-cutlass-swiglu-clamp gpu1{CARRIED}")
+    # a host the inventory gives no router/decode port: the probe keeps the facts' URL
+    assert steps[-1].command == "patchset probe --url http://10.0.0.5:30000 --sizes 8k,16k,32k"
+    for step in (s for s in steps[:-1] if s.command.startswith("patchset ")):
+        assert shlex.split(step.command.split(" && ")[0])[-4:] == [
+            "--inventory", "my hosts/hosts.yaml", "--series", "series/patches.yaml"]
+
+
+def test_a_host_with_an_inventory_port_is_probed_by_name_with_the_inventory(series,
+                                                                            seed) -> None:
+    named = dataclasses.replace(GIVEN, probe_hosts=("gpu1",))
+    probe = ranked_with(series, seed, named).next_steps[-1]
+    assert probe.command == ("patchset probe gpu1 --inventory 'my hosts/hosts.yaml' "
+                             "--sizes 8k,16k,32k")          # `patchset probe` has no --series
+    bare = dataclasses.replace(ACCESS, probe_hosts=("gpu1",))
+    assert ranked_with(series, seed, bare).next_steps[-1].command == \
+        "patchset probe gpu1 --sizes 8k,16k,32k"
+    # the standalone probes still take a URL
+    greedy = ranked_with(series, seed, named, "decode-quality").next_steps[-1]
+    assert greedy.command == ("python3 -m isolate.probe greedy --url http://10.0.0.5:30000 "
+                              "--max-tokens 2000")
+
+
+def test_local_remedies_carry_the_options_remote_ones_do_not(series, seed) -> None:
+    seed["tree"]["drift"] = [{"path": "python/sglang/srt/x.py", "expected": "a" * 40,
+                              "found": "b" * 40}]
+    next(s for s in seed["servers"] if s["unit"] == P)["started"] = "2026-11-28T09:00:00Z"
+    sym = ranked_with(series, seed, GIVEN)
+    commands = {s.name: s.steps[0].command for s in sym.suspects if s.kind == "check"}
+    assert commands["tree-drift on gpu1"] == f"patchset status gpu1{CARRIED}"
+    assert commands["stale-process on gpu1"] == ("ssh -p 22 root@10.0.0.5 'systemctl restart "
+                                                 "sglang-prefill.service'")
+
+
+def test_only_explicit_files_are_carried(tmp_path) -> None:
+    from auditor import cli_support
+    from deploy import inventory as inv
+    path = tmp_path / "hosts.yaml"
+    path.write_text("version: 1\nhosts:\n  gpu1: {address: 10.0.0.5, roles: {decode: "
+                    "{port: 30001}}}\n  gpu2: {address: 10.0.0.6}\n")
+    loaded = inv.load(path)
+    default = cli_support.access(loaded, ["gpu1", "gpu2", "root@10.0.0.7"])
+    assert (default.inventory, default.series, default.options()) == (None, None, "")
+    assert default.probe_hosts == ("gpu1",)
+    given = cli_support.access(loaded, ["gpu1"], path, Path("a b/patches.yaml"))
+    assert given.options() == f" --inventory {shlex.quote(str(path))} --series 'a b/patches.yaml'"
+    assert given.options(series=False) == f" --inventory {shlex.quote(str(path))}"
+
+
+def ranked_with(series, desc, access: Access, symptom: str = "context-loss"):
+    return api.evaluate(series, [synth.facts(desc, series)], symptom, access).symptom

@@ -47,7 +47,7 @@ def seed_report(series):
 def test_json_report_matches_its_schema(seed_report) -> None:
     data = report.to_dict(seed_report)
     assert report.validate(data) == []
-    assert data["schema"] == "patchset-audit-report" and data["schema_version"] == "1.2"
+    assert data["schema"] == "patchset-audit-report" and data["schema_version"] == "1.3"
     assert data["summary"]["checks"] == {"pass": 30, "fail": 2, "warn": 1, "unknown": 0}
     assert data["summary"]["exit_code"] == 1
     assert [f["status"] for f in data["findings"][:3]] == ["fail", "fail", "warn"]

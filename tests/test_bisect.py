@@ -178,8 +178,8 @@ def test_ctrl_c_restores_the_starting_state(benv, capsys, monkeypatch) -> None:
     real = bisector._converge
     calls = []
 
-    def converge_then_ctrl_c(t, bisect_id, applied, gates_off):
-        restarted = real(t, bisect_id, applied, gates_off)
+    def converge_then_ctrl_c(t, bisect_id, applied, gates_off, restarted=None):
+        restarted = real(t, bisect_id, applied, gates_off, restarted)
         calls.append(applied)
         if len(calls) == 1:
             os.kill(os.getpid(), signal.SIGINT)      # the operator's Ctrl-C, mid-bisect
@@ -194,7 +194,24 @@ def test_ctrl_c_restores_the_starting_state(benv, capsys, monkeypatch) -> None:
         signal.signal(signal.SIGINT, previous)
     assert code == 130, err
     assert report["interrupted"] is True and report["restored"] is True
-    assert [s["action"] for s in report["steps"]] == ["baseline", "restore"]
+    # the interrupted step is in the report, with the restarts it made (issue 15)
+    assert [s["action"] for s in report["steps"]] == ["baseline", "gate-off", "restore"]
+    step, restore = report["steps"][1], report["steps"][2]
+    assert step["probe_ok"] is None and step["restarted"] == ["decode"]   # its gate's role
+    assert report["unit_restarts"] == len(step["restarted"]) + len(restore["restarted"]) == 2
+    assert report["states"] == 1
+    assert snapshot(benv) == before
+
+
+def test_an_unreachable_probe_refuses_to_start_and_touches_nothing(benv, capsys) -> None:
+    """Before: every step ran (14 restarts) and ended "outside the candidates"."""
+    serve_with(benv, capsys, "mhc4", [MHC])
+    before = snapshot(benv)
+    code, report, err = bisect(benv, capsys, "--url", "http://127.0.0.1:9")
+    assert code == 3, err
+    assert report["unreachable"] is True and report["verdict"].startswith("not started")
+    assert "cannot reach the endpoint in the starting state" in report["error"]
+    assert [s["action"] for s in report["steps"]] == [] and report["unit_restarts"] == 0
     assert snapshot(benv) == before
 
 

@@ -536,6 +536,328 @@ def test_router_joins_prefill_and_decode(launch, venv_python: str) -> None:
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
 
 
+# ---------------------------------------------------------------- /generate (toy model)
+
+
+def gen(base: str, body: dict, status: int = 200, headers: dict | None = None) -> Any:
+    code, raw = http("POST", f"{base}/generate", body, headers=headers, timeout=60)
+    assert code == status, (code, raw[:400])
+    return json.loads(raw)
+
+
+def serve(launch, *args: str, env: dict | None = None) -> str:
+    port = free_port()
+    launch("sglang.launch_server", "--model-path", MODEL, "--port", str(port), *args, env=env,
+           wait=f"http://127.0.0.1:{port}/health")
+    return f"http://127.0.0.1:{port}"
+
+
+def prompts(n: int = 4) -> list[list[int]]:
+    """Fixed token-id prompts over the toy vocabulary (BOS first)."""
+    import random
+    from sglang_standin import toy
+    rng = random.Random(2026)
+    return [[0] + [rng.randrange(2, toy.V) for _ in range(k)] for k in (37, 120, 200, 301)[:n]]
+
+
+def kl_terms(a: list[float], b: list[float]) -> list[float]:
+    """kl_test_utils.compare_kl_divergence's per-token exp(r) - 1 - r, r = a - b."""
+    import math
+    return [math.exp(x - y) - 1 - (x - y) for x, y in zip(a, b)]
+
+
+def drift(base: str, new_tokens: int = 256) -> tuple[list[list[float]], float]:
+    """kl_test_utils' probe: greedy generate with logprobs, flush, replay prompt + output as a
+    prefill (max_new_tokens=0, logprob_start_len=len(prompt)); per prompt the exp(r)-1-r terms
+    of output tokens 1.. (token 0's input logprob is upstream's leading None), and the largest
+    |prefill - decode| logprob difference."""
+    ps = prompts()
+    sp = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    assert http("POST", f"{base}/flush_cache?timeout=30")[0] == 200
+    outs = gen(base, {"input_ids": ps, "sampling_params": sp, "return_logprob": True})
+    replays = gen(base, {"input_ids": [p + o["output_ids"] for p, o in zip(ps, outs)],
+                         "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                         "logprob_start_len": [len(p) for p in ps]})
+    terms, worst = [], 0.0
+    for p, o, r in zip(ps, outs, replays):
+        dec = [x[0] for x in o["meta_info"]["output_token_logprobs"]]
+        inp = r["meta_info"]["input_token_logprobs"]
+        assert len(dec) == new_tokens and len(inp) == new_tokens
+        assert inp[0][0] is None and [x[1] for x in inp] == o["output_ids"]
+        pre = [x[0] for x in inp]
+        terms.append(kl_terms(pre[1:], dec[1:]))
+        worst = max(worst, max(abs(a - b) for a, b in zip(pre[1:], dec[1:])))
+    return terms, worst
+
+
+def test_toy_rounding_and_the_two_paths() -> None:
+    """bf16/fp16 rounding (nearest, ties to even, one rounding step); DECODE and PREFILL are
+    the same function (1e-12) without rules and differ once the stored state is rounded."""
+    import math
+    import struct
+    from sglang_standin import toy
+
+    bf = toy.round_bf16
+    assert bf(1.0 + 2 ** -8) == 1.0                       # tie -> even mantissa
+    assert bf(1.0 + 3 * 2 ** -8) == 1.0 + 2 ** -6          # tie -> even (upwards)
+    assert bf(1.0 + 2 ** -8 + 2 ** -30) == 1.0 + 2 ** -7   # above the tie; via float32 it would be 1.0
+    assert bf(-3.140625) == -3.140625 and bf(0.1) == struct.unpack("<f", struct.pack("<I", 0x3DCD0000))[0]
+    tiny = 2.0 ** -133                                     # smallest bf16 subnormal
+    assert bf(3.5e38) == math.inf and bf(0.6 * tiny) == tiny and bf(0.4 * tiny) == 0.0 and bf(1.5 * tiny) == 2 * tiny
+    assert toy.round_fp16(1.0 + 2 ** -11) == 1.0 and toy.round_fp16(1.0 + 3 * 2 ** -11) == 1.0 + 2 ** -9
+    assert toy.round_fp16(1e6) == math.inf and toy.round_fp16(0.1) == 0.0999755859375  # 0x2E66
+
+    ids = prompts(1)[0] + prompts(4)[3][:200]
+    for numerics, tol in ((toy.Numerics(), 1e-12), (toy.Numerics({"state": "bf16"}), None)):
+        model = toy.ToyModel(numerics)
+        _, pre = model.prefill(ids, 0, model.initial_state(), want_logits=lambda pos: True)
+        state, diffs = model.initial_state(), []
+        for t, x in enumerate(ids):
+            state, logits = model.decode_step(x, t, state)
+            a, b = toy.log_softmax(logits), toy.log_softmax(pre[t])
+            diffs.append(max(abs(u - v) for u, v in zip(a, b)))
+        if tol is not None:
+            assert max(diffs) < tol
+        else:
+            assert diffs[0] < 1e-12 < diffs[1] and max(diffs[-50:]) > max(diffs[:50])
+
+
+def test_generate_shapes_logprobs_and_errors(launch) -> None:
+    """GenerateReqInput in, {text, output_ids, meta_info} out, as io_struct.py / tokenizer_manager.py
+    / the scheduler shape them; ValueErrors are 400 {"error": {"message"}}, bad types 400 ErrorResponse."""
+    base = serve(launch)
+    assert get_json(f"{base}/server_info")["disable_radix_cache"] is False
+    ids = prompts(1)[0]
+    sp = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+
+    one = gen(base, {"input_ids": ids, "sampling_params": sp})
+    assert list(one) == ["text", "output_ids", "meta_info"]
+    meta = one["meta_info"]
+    assert list(meta)[:5] == ["id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions"]
+    assert meta["finish_reason"] == {"type": "length", "length": 6} and meta["prompt_tokens"] == len(ids)
+    assert meta["completion_tokens"] == 6 == len(one["output_ids"]) and meta["weight_version"] == "default"
+    assert meta["cached_tokens"] == 0 and meta["cached_tokens_details"] is None
+    assert "input_token_logprobs" not in meta and len(one["text"].split()) == 6
+
+    # text: BOS + one id per word; a batch answers a list in order; rid "r" -> r_0, r_1
+    txt = gen(base, {"text": "hello toy world", "sampling_params": sp, "return_logprob": True,
+                     "logprob_start_len": 0, "return_text_in_logprobs": True, "rid": "single"})
+    assert txt["meta_info"]["id"] == "single" and txt["meta_info"]["prompt_tokens"] == 4
+    first = txt["meta_info"]["input_token_logprobs"]
+    assert first[0] == [None, 0, "<s>"] and all(isinstance(x[0], float) and x[0] < 0 for x in first[1:])
+    batch = gen(base, {"text": ["hello toy world", "x"], "sampling_params": sp, "rid": "r"})
+    assert [b["meta_info"]["id"] for b in batch] == ["r_0", "r_1"]
+    assert batch[0]["output_ids"] == txt["output_ids"] and batch[1]["meta_info"]["prompt_tokens"] == 2
+    ibatch = gen(base, {"input_ids": [ids, ids[:5]], "sampling_params": [sp, {**sp, "max_new_tokens": 2}]})
+    assert ibatch[0]["output_ids"] == one["output_ids"] and len(ibatch[1]["output_ids"]) == 2
+    both = gen(base, {"text": "a b c d e f g", "input_ids": ids, "sampling_params": sp})  # upstream: ids win
+    assert both["meta_info"]["prompt_tokens"] == len(ids) and both["output_ids"] == one["output_ids"]
+
+    # logprob_start_len: -1 (default) -> no input logprobs; k -> prompt positions k.., first None
+    def lp(**kw: Any) -> dict:
+        return gen(base, {"input_ids": ids, "sampling_params": sp, "return_logprob": True, **kw})["meta_info"]
+
+    default = lp()
+    assert default["input_token_logprobs"] == [] and default["output_token_logprobs_length"] == 6
+    out_lp = default["output_token_logprobs"]
+    assert [x[1] for x in out_lp] == one["output_ids"] and all(x[2] is None for x in out_lp)
+    full = lp(logprob_start_len=0)["input_token_logprobs"]
+    assert [x[1] for x in full] == ids and full[0][0] is None and len(full) == len(ids)
+    part = lp(logprob_start_len=30)["input_token_logprobs"]
+    assert [x[1] for x in part] == ids[30:] and part[0][0] is None
+    assert [x[0] for x in part[1:]] == [x[0] for x in full[31:]]   # same numbers, other window
+    assert lp(logprob_start_len=len(ids))["input_token_logprobs"] == []
+    assert "input_token_logprobs" not in gen(base, {"input_ids": ids, "sampling_params": sp,
+                                                    "logprob_start_len": 3})["meta_info"]
+
+    # top logprobs: [None, [[lp, id, text|None] * N], ...]; the greedy token is the top one
+    top = lp(logprob_start_len=35, top_logprobs_num=3)
+    assert top["input_top_logprobs"][0] is None and len(top["input_top_logprobs"]) == len(ids) - 35
+    for row in top["input_top_logprobs"][1:] + top["output_top_logprobs"]:
+        assert len(row) == 3 and row[0][0] >= row[1][0] >= row[2][0] and row[0][2] is None
+    assert [r[0][1] for r in top["output_top_logprobs"]] == one["output_ids"]
+    assert [r[0][0] for r in top["output_top_logprobs"]] == [x[0] for x in out_lp]
+    for (value, token, _), row in zip(top["input_token_logprobs"][1:], top["input_top_logprobs"][1:]):
+        assert value <= row[0][0]                      # nothing beats the top-1 at that position
+        assert all(v == value for v, t, _ in row if t == token)
+
+    # finish reasons: EOS (id 1) unless ignore_eos, stop_token_ids, max_new_tokens=0
+    eos = gen(base, {"input_ids": ids, "sampling_params": {"max_new_tokens": 5, "logit_bias": {"1": 100.0}}})
+    assert eos["output_ids"] == [1] and eos["meta_info"]["finish_reason"] == {"type": "stop", "matched": 1}
+    assert eos["text"] == ""
+    no_eos = gen(base, {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True,
+                                                              "logit_bias": {"1": 100.0}}})
+    assert no_eos["output_ids"] == [1, 1, 1] and no_eos["meta_info"]["finish_reason"]["type"] == "length"
+    stop_at = one["output_ids"][2]
+    cut = one["output_ids"].index(stop_at) + 1
+    stopped = gen(base, {"input_ids": ids, "sampling_params": {**sp, "ignore_eos": False,
+                                                               "stop_token_ids": [stop_at]}})
+    assert stopped["output_ids"] == one["output_ids"][:cut]
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_at}
+    prefill_only = gen(base, {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True})
+    assert prefill_only["output_ids"] == [] and prefill_only["meta_info"]["finish_reason"] == {
+        "type": "length", "length": 0}
+    assert prefill_only["meta_info"]["output_token_logprobs"] == []
+
+    # stream: cumulative chunks, the last one finished, then [DONE]
+    status, raw = http("POST", f"{base}/generate", {"input_ids": ids, "sampling_params": sp, "stream": True})
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and len(events) == 7
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["output_ids"] for c in chunks] == [one["output_ids"][:k] for k in range(1, 7)]
+    assert chunks[0]["meta_info"]["finish_reason"] is None and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+    # errors
+    def err(body: dict) -> str:
+        return gen(base, body, status=400)["error"]["message"]
+
+    assert err({"sampling_params": sp}) == "Either text, input_ids or input_embeds should be provided."
+    assert err({"input_ids": []}) == "input_ids cannot be empty."
+    assert err({"text": "x", "sampling_params": {"max_new_tokens": -1}}) == "max_new_tokens must be at least 0, got -1."
+    assert err({"text": "x", "sampling_params": {"top_p": 1.5}}) == "top_p must be in (0, 1], got 1.5."
+    assert err({"input_ids": ids, "return_logprob": True, "logprob_start_len": 99}).startswith(
+        f"req.logprob_start_len=99 is higher than the number of input tokens len(req.origin_input_ids)={len(ids)}")
+    assert err({"text": ["a", "b"], "rid": ["same", "same"]}) == \
+        "Duplicate request IDs detected within the request: ['same']"
+    assert "outside the toy vocabulary" in err({"input_ids": [0, 500]})
+    for bad in ({"text": 5}, {"input_ids": [1, "2"]}, {"text": "x", "return_logprob": "yes"},
+                {"text": "x", "sampling_params": [1]}):
+        shape = gen(base, bad, status=400)
+        assert shape["object"] == "error" and shape["type"] == "Bad Request" and shape["code"] == 400, bad
+    req = urllib.request.Request(f"{base}/generate", data=b"{not json", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as bad_json:
+        urllib.request.urlopen(req, timeout=10)
+    assert bad_json.value.code == 400 and json.loads(bad_json.value.read())["type"] == "Bad Request"
+
+
+def test_generate_is_reproducible_and_uses_a_prefix_cache(launch) -> None:
+    """Same request -> same ids and logprobs; greedy and sampling_seed reproducible; the
+    radix-like cache reuses a stored prefill state at a chunk boundary (cached_tokens, same
+    numbers), /flush_cache (ADMIN_OPTIONAL: the admin key) clears it; --disable-radix-cache."""
+    base = serve(launch, "--api-key", SECRET, "--admin-api-key", "sk-admin")
+    user, admin = {"Authorization": f"Bearer {SECRET}"}, {"Authorization": "Bearer sk-admin"}
+    ids = prompts(4)[2]                     # 201 tokens: chunk boundaries at 64, 128, 192
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 32},
+            "return_logprob": True, "logprob_start_len": 150, "top_logprobs_num": 2}
+    assert gen(base, body, status=401)["error"] == "Unauthorized"
+    a, b = gen(base, body, headers=user), gen(base, body, headers=user)
+    assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == 32
+    for key in ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs"):
+        assert a["meta_info"][key] == b["meta_info"][key], key
+    assert a["meta_info"]["cached_tokens"] == 0
+    assert b["meta_info"]["cached_tokens"] == 128   # longest boundary <= logprob_start_len
+    assert b["meta_info"]["cached_tokens_details"] == {"device": 128, "host": 0}
+
+    assert http("POST", f"{base}/flush_cache", headers=user)[0] == 401  # admin key required
+    status, raw = http("POST", f"{base}/flush_cache", headers=admin)
+    assert status == 200 and raw.decode().startswith("Cache flushed.\nPlease check backend logs")
+    assert gen(base, body, headers=user)["meta_info"]["cached_tokens"] == 0
+    assert http("GET", f"{base}/flush_cache?timeout=-1", headers=admin)[0] == 400
+
+    def sample(seed: int | None, temperature: float = 1.0) -> list[int]:
+        sp = {"temperature": temperature, "max_new_tokens": 24, "ignore_eos": True}
+        if seed is not None:
+            sp["sampling_seed"] = seed
+        return gen(base, {"input_ids": ids[:20], "sampling_params": sp}, headers=user)["output_ids"]
+
+    greedy = sample(None, 0.0)
+    assert greedy == sample(None, 0.0) == sample(7, 0.0)  # temperature 0: greedy, the seed is moot
+    s7 = sample(7)
+    assert s7 == sample(7) and s7 != sample(8) and s7 != sample(None, 0.0)
+
+    nocache = serve(launch, "--disable-radix-cache")
+    assert get_json(f"{nocache}/server_info")["disable_radix_cache"] is True
+    c1, c2 = gen(nocache, body), gen(nocache, body)
+    assert c1["meta_info"]["cached_tokens"] == c2["meta_info"]["cached_tokens"] == 0
+    assert c1["output_ids"] == c2["output_ids"] == a["output_ids"]
+
+
+def test_replay_matches_decode_without_precision_rules(launch) -> None:
+    """kl_test_utils' method on the stand-in: without rules the prefill logprobs of the
+    output tokens equal the decode logprobs (different summation order only)."""
+    terms, worst = drift(serve(launch))
+    assert worst < 1e-9
+    assert max(max(t) for t in terms) < 1e-18
+
+
+def test_bf16_state_rule_makes_prefill_and_decode_drift(launch, tmp_path: Path) -> None:
+    """A bf16 rule on the carried state (held: the file contains the text) rounds it every
+    decode token but once per prefill chunk: exp(r)-1-r is far above the no-rule value and
+    grows with the position in the output, as with reduced-precision KV."""
+    rules = tmp_path / "numerics.json"
+    rules.write_text(json.dumps([
+        {"op": "state", "precision": "bf16", "file": "srt/layers/logits_processor.py",
+         "contains": "def process_input_logprobs"},
+    ]))
+    clean = serve(launch)
+    ruled = serve(launch, env={"STANDIN_NUMERICS_RULES": str(rules)})
+    base_terms, _ = drift(clean)
+    terms, worst = drift(ruled)
+    flat = [x for t in terms for x in t]
+    base_flat = [x for t in base_terms for x in t]
+    mean, base_mean = sum(flat) / len(flat), sum(base_flat) / len(base_flat)
+    assert mean > 1e-6 and mean > 100 * base_mean and 1e-3 < worst < 1.0
+
+    def quarter(q: int) -> float:  # mean over the prompts of the q-th quarter of output positions
+        return sum(sum(t[q * len(t) // 4:(q + 1) * len(t) // 4]) / (len(t) // 4) for t in terms) / len(terms)
+
+    assert quarter(3) > 10 * quarter(0) and quarter(2) + quarter(3) > 5 * (quarter(0) + quarter(1))
+
+
+def test_numerics_rules_need_every_condition(launch, tmp_path: Path) -> None:
+    """A rule holds only when each condition it names holds: an env-gated "mix" rule takes
+    effect with the variable set, a file rule whose text is not in the tree never does."""
+    rules = tmp_path / "numerics.json"
+    rules.write_text(json.dumps([
+        {"op": "mix", "precision": "bf16", "env": "STANDIN_TEST_MIX", "equals": "1"},
+        {"op": "state", "precision": "bf16", "file": "srt/layers/logits_processor.py",
+         "contains": "this text is not in the tree"},
+    ]))
+    on = serve(launch, env={"STANDIN_NUMERICS_RULES": str(rules), "STANDIN_TEST_MIX": "1"})
+    off = serve(launch, env={"STANDIN_NUMERICS_RULES": str(rules), "STANDIN_TEST_MIX": "0"})
+    on_terms, _ = drift(on, new_tokens=128)
+    off_terms, off_worst = drift(off, new_tokens=128)
+    assert off_worst < 1e-9
+    on_mean = sum(map(sum, on_terms)) / sum(map(len, on_terms))
+    off_mean = sum(map(sum, off_terms)) / sum(map(len, off_terms))
+    assert on_mean > 1e-9 and on_mean > 100 * off_mean
+
+
+def test_nondeterminism_knob(launch) -> None:
+    """STANDIN_NONDETERMINISM=EPS: two identical prefills differ slightly; EPS=0: bitwise equal."""
+    body = {"input_ids": prompts(4)[3], "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+            "logprob_start_len": 0}
+
+    def logprobs(base: str) -> list[float]:
+        return [x[0] for x in gen(base, body)["meta_info"]["input_token_logprobs"][1:]]
+
+    noisy = serve(launch, env={"STANDIN_NONDETERMINISM": "1e-6"})
+    calm = serve(launch)
+    a, b = logprobs(noisy), logprobs(noisy)
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    assert 0 < diff < 1e-3
+    c, d = logprobs(calm), logprobs(calm)
+    assert c == d and max(abs(x - y) for x, y in zip(a, c)) < 1e-3
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"rules": [{"op": "state", "precision": "bf8"}]}, "unknown precision 'bf8'"),
+    ({"rules": [{"op": "kv", "precision": "bf16", "env": "NEVER_SET", "equals": "1"}]}, "unknown op 'kv'"),
+    ({"STANDIN_NONDETERMINISM": "lots"}, "STANDIN_NONDETERMINISM: not a number: 'lots'"),
+])
+def test_bad_numerics_knobs_are_startup_errors(venv_python: str, tmp_path: Path, env: dict, message: str) -> None:
+    environ = {"PATH": os.environ["PATH"]}
+    if "rules" in env:
+        (tmp_path / "rules.json").write_text(json.dumps(env.pop("rules")))
+        environ["STANDIN_NUMERICS_RULES"] = str(tmp_path / "rules.json")
+    res = subprocess.run([venv_python, "-m", "sglang.launch_server", "--model-path", MODEL, "--port",
+                          str(free_port())], capture_output=True, text=True, timeout=30, cwd="/",
+                         env={**environ, **env})
+    assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.startswith("stand-in:")]) == 1
+
+
 # ---------------------------------------------------------------- on a real nspawn host
 
 

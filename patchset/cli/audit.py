@@ -29,7 +29,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                                                 callback=output_file),
           probe: Optional[str] = typer.Option(None, "--probe", help="also run context-"
                                               "fidelity probes against each host's endpoint: "
-                                              "recall | needle | all"),
+                                              "recall | needle | all | drift"),
           probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle "
                                                     "prompt sizes in tokens [8k,16k,32k]"),
           api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
@@ -52,7 +52,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                             resolver.inventory, hosts)
         transports = [resolver.audit_transport(h) for h in hosts]
         report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
-                                             plan)
+                                             plan, inventory_file=inventory, series_file=series)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:

@@ -19,9 +19,14 @@ from .app import (AcceptNewOpt, DeployView, HealthTimeoutOpt, InventoryOpt, Json
 
 @app.command()
 def bisect(host: str = typer.Argument(..., help="inventory host whose units serve the tree"),
-           probe: str = typer.Option("recall", "--probe", help="recall | needle | all"),
-           sizes: Optional[str] = typer.Option(None, "--sizes", help="needle sizes "
-                                               "[8k,16k,32k]"),
+           probe: str = typer.Option("recall", "--probe", help="recall | needle | all | "
+                                     "drift (measured: group testing, fewer restarts)"),
+           sizes: Optional[str] = typer.Option(None, "--sizes", help="needle sizes, or "
+                                               "the drift conversations' [8k,16k,32k]"),
+           repeats: int = typer.Option(3, "--repeats", min=3, max=50, help="drift: replays "
+                                       "of the starting state (their spread is the noise)"),
+           output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=32768,
+                                             help="drift: tokens generated per sequence"),
            symptom: str = typer.Option("context-loss", "--symptom", help="which ranking "
                                        "orders the suspects"),
            url: Optional[str] = typer.Option(None, "--url", help="probe this endpoint "
@@ -46,17 +51,25 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     from isolate import bisect as bisector
     from isolate.probe import endpoint, parse_kinds, parse_sizes, parse_url
     s = load(series)
-    kinds = parse_kinds(probe, "--probe")
+    kinds = parse_kinds(probe, "--probe") if probe != "drift" else ("drift",)
     sizes_checked, url_checked = parse_sizes(sizes), parse_url(url) if url else None
     with resolver_for(s, inventory, target, accept_new) as resolver:
         t = bisector.bisect_host(s, resolver, host, health_timeout)
         if restore:
             bisector.restore_pending(t, say)
             return
-        plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,
-                                    url=url_checked or endpoint(host, resolver.inventory.path
-                                                                ).rstrip("/"),
-                                    api_key_env=api_key_env, timeout=probe_timeout)
+        if probe == "drift":
+            from isolate.drift import DriftSpec
+            from isolate.httpjson import client_for
+            plan = bisector.DriftProbe(
+                client_for(host, url_checked, None, api_key_env, resolver=resolver),
+                DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
+                          timeout=probe_timeout))
+        else:
+            plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,
+                                        url=url_checked or endpoint(
+                                            host, resolver.inventory.path).rstrip("/"),
+                                        api_key_env=api_key_env, timeout=probe_timeout)
         with DeployView(t.host.name) as view:      # restarts and /health waits, live
             t.on_event = view.event
             report = bisector.bisect(t, plan, symptom, say=say)
@@ -66,8 +79,8 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     else:
         _render(report)
     say(f"report saved to {saved}")
-    code = report.exit_code or (Exit.OK if report.culprit or report.steps[0].probe_ok
-                                else Exit.FINDINGS)
+    code = report.exit_code or (Exit.OK if report.culprit or (
+        report.steps and report.steps[0].probe_ok) else Exit.FINDINGS)
     if code:
         raise typer.Exit(code)
 
@@ -84,7 +97,13 @@ def _render(report) -> None:
         restarted = f", restarted {', '.join(step.restarted)}" if step.restarted else ""
         console.print(f"  step {step.number} {step.action:<8} {verdict:<4} {step.change}"
                       f"{restarted} ({step.seconds:.1f} s)", markup=False)
+    for c in report.contributions:
+        value = "-" if c["value"] is None else f"{c['value']:.3g}"
+        console.print(f"  contribution {c['suspect']}: {value} [{c['low']:.3g}, "
+                      f"{c['high']:.3g}] ({c['how']})", markup=False)
     console.print(f"  verdict: {report.verdict}", markup=False)
+    console.print(f"  {report.states} test state(s), {report.unit_restarts} unit restarts "
+                  "(the restore's included)", markup=False)
     if report.restore_error:
         console.print(f"  [red]NOT restored: {esc(report.restore_error)}[/red]")
     elif report.restored:

@@ -23,6 +23,7 @@ from .app import (
     app,
     emit_json,
     load,
+    output_file,
     resolver_for,
     say,
     term,
@@ -35,30 +36,81 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
                                                "decode, role port) [or use --url]"),
           url: Optional[str] = typer.Option(None, "--url", help="any OpenAI-compatible "
                                             "server, e.g. http://127.0.0.1:30000"),
-          kind: Optional[str] = typer.Option(None, "--kind", help="recall | needle "
-                                             "[default: both]"),
-          sizes: Optional[str] = typer.Option(None, "--sizes", help="needle prompt sizes in "
-                                              "tokens [8k,16k,32k]"),
+          kind: Optional[str] = typer.Option(None, "--kind", help="recall | needle | drift "
+                                             "[default: recall and needle]"),
+          sizes: Optional[str] = typer.Option(None, "--sizes", help="prompt sizes in tokens "
+                                              "[8k,16k,32k]"),
           api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
                                                     "API key from this environment variable"),
           timeout: float = SecondsOpt(600.0, "--timeout", help="seconds per request"),
+          save: Optional[Path] = typer.Option(None, "--save", help="drift: keep this run's "
+                                              "tokens and logprobs in FILE (for --against)",
+                                              callback=output_file),
+          against: Optional[Path] = typer.Option(None, "--against", help="drift: replay the "
+                                                 "tokens of a saved run and report the drift "
+                                                 "between the two server states"),
+          repeats: int = typer.Option(3, "--repeats", min=3, max=50, help="drift: replays "
+                                      "of each sequence (their spread is the noise)"),
+          output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=32768,
+                                            help="drift: tokens generated per sequence"),
+          sigmas: float = typer.Option(3.0, "--sigmas", min=0.5, max=10.0, help="drift: "
+                                       "above the noise mean by this many sigmas = drift"),
+          fmt: str = typer.Option("table", "--format", help="table | json | html"),
           inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """Context-fidelity probes: multi-turn recall with tools, long-context needle per size.
-    Exit 0 all pass, 1 a probe failed, 3 the endpoint could not be reached."""
-    from isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
+    """Context-fidelity probes (multi-turn recall with tools, long-context needle per
+    size), or `--kind drift`: the server's numerics in logprobs (prefill vs decode, or A/B
+    against a saved run). Exit 0 all pass / no drift above the noise, 1 a probe failed or
+    a drift above the noise, 3 the endpoint could not be reached."""
     if bool(host) == bool(url):
         raise UsageError("probe: give exactly one of HOST or --url")
+    if fmt not in ("table", "json", "html"):
+        raise UsageError(f"--format {fmt!r}: expected table, json or html")
+    fmt = "json" if as_json else fmt
+    if kind == "drift":
+        _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
+                     output_tokens, sigmas, fmt, inventory)
+        return
+    if save or against:
+        raise UsageError("--save and --against go with --kind drift")
+    from isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
     spec = FidelitySpec(url=parse_url(url) if url else None, host=host, inventory=str(inventory) if inventory else None,
                         kinds=parse_kinds(kind), sizes=parse_sizes(sizes),
                         api_key_env=api_key_env, timeout=timeout)
     report = fidelity(spec)
-    if as_json:
+    if fmt == "json":
         emit_json(report.to_json())
     else:
         _render_probe(report)
     if report.unreachable:
         raise typer.Exit(Exit.UNREACHABLE)
     if not report.ok:
+        raise typer.Exit(Exit.FINDINGS)
+
+
+def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
+                 output_tokens, sigmas, fmt, inventory) -> None:
+    from isolate import driftview
+    from isolate.drift import DriftSpec, probe_drift
+    from isolate.httpjson import client_for
+    from isolate.probe import parse_sizes
+    spec = DriftSpec(sizes=parse_sizes(sizes), output_tokens=output_tokens, repeats=repeats,
+                     timeout=timeout, k=sigmas)
+    client = client_for(host, url, str(inventory) if inventory else None, api_key_env)
+    try:
+        outcome = probe_drift(client, spec, save=save, against=against, say=say)
+    finally:
+        client.close()
+    if fmt == "json":
+        emit_json(outcome.to_json())
+    elif fmt == "html":
+        import sys
+        sys.stdout.write(driftview.html(outcome))
+    else:
+        for line in driftview.table(outcome):
+            term().print(line, markup=False)
+    if outcome.unreachable:
+        raise typer.Exit(Exit.UNREACHABLE)
+    if outcome.report is None or outcome.report.verdict.above:
         raise typer.Exit(Exit.FINDINGS)
 
 

@@ -101,23 +101,35 @@ class Faults:
 RULES_ENV = "STANDIN_FAULT_RULES"
 
 
-def rule_faults(rules_file: str | None, pkg_dir: Any, environ: dict) -> list[str]:
-    """The faults of the rules in *rules_file* whose conditions hold for this server."""
+def load_rules(rules_file: str) -> list[dict]:
+    """The JSON list of rule objects in *rules_file* (ValueError on another shape)."""
     import json
     import pathlib
+    rules = json.loads(pathlib.Path(rules_file).read_text())
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise ValueError(f"{rules_file}: must be a JSON list of objects")
+    return rules
+
+
+def rule_holds(rule: dict, pkg_dir: Any, environ: dict) -> bool:
+    """Every condition *rule* names holds for this server: ``file`` (relative to the served
+    ``sglang`` package dir *pkg_dir*) exists and contains ``contains``; the environment
+    has ``env`` = ``equals``.  Shared by the fault rules and the numerics rules (toy.py)."""
+    import pathlib
+    if "file" in rule:
+        path = pathlib.Path(pkg_dir) / rule["file"]
+        if not path.is_file() or rule.get("contains", "") not in path.read_text(errors="replace"):
+            return False
+    if "env" in rule and environ.get(rule["env"]) != rule.get("equals"):
+        return False
+    return True
+
+
+def rule_faults(rules_file: str | None, pkg_dir: Any, environ: dict) -> list[str]:
+    """The faults of the rules in *rules_file* whose conditions hold for this server."""
     if not rules_file:
         return []
-    out = []
-    for rule in json.loads(pathlib.Path(rules_file).read_text()):
-        if "file" in rule:
-            path = pathlib.Path(pkg_dir) / rule["file"]
-            if not path.is_file() or rule.get("contains", "") not in path.read_text(
-                    errors="replace"):
-                continue
-        if "env" in rule and environ.get(rule["env"]) != rule.get("equals"):
-            continue
-        out.append(rule["fault"])
-    return out
+    return [rule["fault"] for rule in load_rules(rules_file) if rule_holds(rule, pkg_dir, environ)]
 
 
 def normalize(messages: Any) -> list[dict]:

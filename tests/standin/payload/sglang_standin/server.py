@@ -30,19 +30,27 @@ Endpoints: ``/health``, ``/health_generate``, ``/server_info``,
 ``/model_info``, ``/get_model_info``, ``/v1/models``, ``/v1/models/{model}``,
 ``/v1/chat/completions`` (JSON or SSE stream; answers from chat.py; each request first
 goes through ``TokenizerManager.generate_request``, which runs the served tree's real
-``SamplingParams`` as 0.5.14 does: see tokenizer_manager.py).  With
-``--api-key``/``--admin-api-key`` (on the command line or in the ``--config``
-file) the tree's own ``decide_request_auth`` decides (``/health*`` stays open).
+``SamplingParams`` as 0.5.14 does: see tokenizer_manager.py), ``/generate`` (POST/PUT:
+``GenerateReqInput`` in, text/output_ids/meta_info with logprobs out, computed by the
+toy model of toy.py; request and response shapes: generate.py) and ``/flush_cache``
+(GET/POST: clears the toy's prefix cache).  With ``--api-key``/``--admin-api-key`` (on
+the command line or in the ``--config`` file) the tree's own ``decide_request_auth``
+decides (``/health*`` stays open), at the endpoint's auth level (``/flush_cache`` is
+``ADMIN_OPTIONAL`` by its decorator in http_server.py, the others ``NORMAL``).
 
 Faked, because there is no model or GPU: ``max_total_num_tokens``
 (``STANDIN_MAX_TOTAL_TOKENS``, default 1048576), the context length
 (``--context-length``, else ``max_position_embeddings`` from
 ``MODEL_PATH/config.json`` when that file exists, else 131072), memory usage
 zeros in ``internal_states``, ``model_type``/``architectures`` (config.json or
-null).  In P/D the prefill "transfers KV" by handing the decode what it saw of
-the conversation through its bootstrap port (``/standin/kv/<room>``), so
-faults on either side show in the answer; a request without bootstrap fields
-is answered directly in every mode (the real decode would refuse it).
+null), and the model itself: ``/generate`` runs a tiny seeded model with its own
+96-word vocabulary, not the checkpoint (toy.py says what it computes;
+``STANDIN_NUMERICS_RULES`` and ``STANDIN_NONDETERMINISM`` shape its numerics).  In P/D
+the prefill "transfers KV" by handing the decode what it saw of the conversation
+through its bootstrap port (``/standin/kv/<room>``), so faults on either side show in
+the answer; a request without bootstrap fields is answered directly in every mode (the
+real decode would refuse it), for ``/generate`` too (which refuses bootstrap fields:
+its KV hand-over is not modelled).
 """
 
 from __future__ import annotations
@@ -56,12 +64,13 @@ import sys
 import threading
 import time
 import types
+import urllib.parse
 import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
-from sglang_standin import chat, derive, procs
+from sglang_standin import chat, derive, generate, procs, toy
 from sglang_standin.httpd import Handler, Server, request, to_json
 
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
@@ -77,7 +86,8 @@ def _truthy(value: str | None) -> bool:
 class Engine:
     """The serving state behind the HTTP handlers."""
 
-    def __init__(self, d: derive.Derived, values: dict[str, Any], faults: chat.Faults) -> None:
+    def __init__(self, d: derive.Derived, values: dict[str, Any], faults: chat.Faults,
+                 numerics: toy.Numerics | None = None) -> None:
         self.d = d
         self.values = values
         self.faults = faults
@@ -97,6 +107,11 @@ class Engine:
         # under its real name, through the import system (see tokenizer_manager.py)
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
         self.tokenizer_manager = TokenizerManager(self.hf_config)
+        self.gen_spec = generate.Spec(d.tree)
+        self.generator = generate.Generator(
+            self.gen_spec, values, toy.Runner(numerics, cache=not values.get("disable_radix_cache")),
+            self.tokenizer_manager, self.context_len, self.max_req_input_len, self.max_total_num_tokens,
+            self.mode)
 
     @staticmethod
     def _read_hf_config(model_path: str) -> dict:
@@ -330,6 +345,70 @@ def make_handler(engine: Engine) -> type[Handler]:
             return
         h.send_json(200, resp)
 
+    def generate_request(h: Handler) -> None:
+        raw = h.read_body()
+        ctype = (h.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+        try:
+            if ctype and not (ctype == "application/json" or ctype.endswith("+json")):
+                raise generate.Invalid("body: input should be a valid dictionary or object to extract fields from")
+            try:
+                parsed = json.loads(raw)
+            except ValueError as exc:
+                raise generate.Invalid(f"body: JSON decode error: {exc}") from None
+            body = generate.validate_body(parsed, engine.gen_spec)
+        except generate.Invalid as exc:
+            h.send_json(400, engine.error(400, str(exc), "Bad Request"))
+            return
+        if body.get("stream"):
+            h.send_response(200)
+            h.send_header("content-type", "text/event-stream")
+            h.end_headers()
+            try:
+                for out in engine.generator.stream(body):
+                    if "error" in out:
+                        logger.error(f"[http_server] Error: {out['error']['message']}")
+                    h.wfile.write(b"data: " + to_json(out) + b"\n\n")
+            except Exception:  # e.g. SamplingParams(**bad kwargs): the stream just ends, as upstream
+                logger.exception("stand-in: /generate")
+                return
+            h.wfile.write(b"data: [DONE]\n\n")
+            return
+        try:
+            ret = engine.generator.generate(body)
+        except ValueError as exc:
+            logger.error(f"[http_server] Error: {exc}")
+            h.send_json(400, {"error": {"message": str(exc)}})
+            return
+        except Exception:  # e.g. SamplingParams(**bad kwargs): upstream's unhandled 500
+            logger.exception("stand-in: /generate")
+            h.send_bytes(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        h.send_json(200, ret)
+
+    def flush_cache(h: Handler) -> None:
+        h.read_body()
+        query = urllib.parse.parse_qs(h.path.split("?", 1)[1]) if "?" in h.path else {}
+        raw = (query.get("timeout") or ["0"])[-1]
+        try:
+            timeout = float(raw)
+            if not timeout >= 0.0:
+                raise ValueError
+        except ValueError:
+            h.send_json(400, engine.error(400, f"query.timeout: input should be a number >= 0, got {raw!r}",
+                                          "Bad Request"))
+            return
+        ok, message = engine.generator.flush(timeout)
+        if ok:
+            logging.getLogger("sglang.srt.managers.scheduler").info("Cache flushed successfully!")
+            h.send_bytes(200, engine.gen_spec.flush_ok_text.encode(), None)
+        else:
+            if not message:
+                logging.getLogger("sglang.srt.managers.scheduler").warning(
+                    "Cache not flushed because there are pending requests.")
+            h.send_bytes(400, (message or "Flush cache failed.\n").encode(), None)
+
+    levels = {path: getattr(auth.AuthLevel, name) for path, name in engine.gen_spec.auth_levels.items()}
+
     class ServerHandler(Handler):
         routes = {
             ("GET", "/health"): health,
@@ -340,15 +419,20 @@ def make_handler(engine: Engine) -> type[Handler]:
             ("GET", "/get_model_info"): get_model_info,
             ("GET", "/v1/models"): models,
             ("POST", "/v1/chat/completions"): chat_completions,
+            ("POST", "/generate"): generate_request,
+            ("PUT", "/generate"): generate_request,
+            ("GET", "/flush_cache"): flush_cache,
+            ("POST", "/flush_cache"): flush_cache,
         }
         prefix_routes = [("GET", "/v1/models/", model)]
 
         def _dispatch(self, method: str) -> None:
             if api_key or admin_api_key:
+                path = self.path.split("?", 1)[0]
                 decision = auth.decide_request_auth(
-                    method=method, path=self.path.split("?", 1)[0],
+                    method=method, path=path,
                     authorization_header=self.headers.get("Authorization"), api_key=api_key,
-                    admin_api_key=admin_api_key, auth_level=auth.AuthLevel.NORMAL,
+                    admin_api_key=admin_api_key, auth_level=levels.get(path, auth.AuthLevel.NORMAL),
                 )
                 if not decision.allowed:
                     self.read_body()
@@ -413,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         ruled = chat.rule_faults(os.environ.get(chat.RULES_ENV), derive.locate_tree(),
                                  dict(os.environ))
         faults = chat.Faults.parse(",".join([os.environ.get(chat.FAULT_ENV) or "", *ruled]))
+        numerics = toy.Numerics.from_env(dict(os.environ), derive.locate_tree())
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"stand-in: {exc}\n")
         sys.exit(1)
@@ -422,6 +507,8 @@ def main(argv: list[str] | None = None) -> None:
     logger.info(f"server_args={_server_args_repr(values)}")
     if str(faults) != "none":
         logger.warning("stand-in: injected faults: %s", faults)
+    if str(numerics) != "float64":
+        logger.warning("stand-in: toy model numerics: %s", numerics)
 
     children: list = []
     servers: list[Server] = []
@@ -431,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGQUIT, on_signal)  # a child failed (watchdog below), as upstream
-    engine = Engine(d, values, faults)
+    engine = Engine(d, values, faults, numerics)
     try:
         children = procs.launch_engine_children(values, d)
         procs.wait_ready(children)

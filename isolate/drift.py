@@ -1,0 +1,401 @@
+"""`patchset probe --kind drift`: how far a live server's numerics move, in numbers.
+
+SGLang's own method (the pinned wheel's `sglang/test/kl_test_utils.py`), through its
+native `/generate` (request and response as `managers/io_struct.py` shapes them):
+
+1. generate from each shipped conversation (isolate/conversations.py) with sampling and
+   logprobs, `logprob_start_len=0`: the response's `input_token_logprobs` carry the
+   prompt's token ids as the server tokenized it (no local tokenizer), its
+   `output_token_logprobs` the DECODE path's logprob of each sampled token;
+2. replay prompt + output as one prefill (`max_new_tokens=0`,
+   `logprob_start_len=len(prompt)`): the PREFILL path's logprob of the same tokens;
+3. compare per token (isolate/driftstats.py): mean, p90, p99 of exp(r) - 1 - r, by
+   position bucket, top-1 agreement, first divergence; then the second-turn variant
+   (turn 1 + its output + the next user turn), which in SGLang decodes on a cached prefix.
+
+In a prefill/decode deployment the router sends the prompt to the prefill server and the
+decode server continues: step 1 is then the decode server's numerics on the prefill
+server's KV, step 2 the prefill server's alone, which is the path of the users' symptom.
+
+The replay is repeated (`repeats`): the spread between replays of the same tokens on the
+same state is the noise a drift is judged against (batching makes SGLang
+nondeterministic). `--save RUN.json` keeps every sequence and logprob; `--against
+RUN.json` replays the saved tokens on the server as it is now and reports the drift
+between the two states, against the noise measured now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from . import conversations as convs
+from .driftstats import Comparison, Verdict, compare, pooled
+
+RUN_FORMAT = 1
+DEFAULT_OUTPUT_TOKENS = 256
+DEFAULT_REPEATS = 3
+DEFAULT_TEMPERATURE = 1.0
+MAX_RUN_BYTES = 256 * 1024 * 1024
+
+
+class Client(Protocol):
+    """POSTs JSON to the server and returns the parsed answer (isolate/http.py)."""
+
+    def post(self, path: str, body: dict, timeout: float, want_json: bool = True) -> Any: ...
+
+    def describe(self) -> str: ...
+
+
+class DriftError(Exception):
+    """The server's answer is not what /generate returns (shape, lengths)."""
+
+
+@dataclass
+class Sequence:
+    """One generation and its measurements: the tokens, and each path's logprobs."""
+
+    name: str                    # "ops-16k/turn-1"
+    prompt_ids: list[int]
+    output_ids: list[int]
+    decode_lp: list[float | None]
+    decode_top: list[int | None]
+    prefill_lp: list[list[float | None]] = field(default_factory=list)   # per replay
+    prefill_top: list[int | None] = field(default_factory=list)
+
+    @property
+    def start(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass
+class DriftSpec:
+    sizes: tuple[int, ...] = convs.DEFAULT_SIZES
+    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    repeats: int = DEFAULT_REPEATS
+    second_turn: bool = True
+    seed: int = 0
+    timeout: float = 600.0
+    k: float = 3.0
+
+
+@dataclass
+class DriftRun:
+    """What one probe measured on one server state: saved by --save, read by --against."""
+
+    endpoint: str
+    started: float
+    spec: dict
+    sequences: list[Sequence]
+    seconds: float = 0.0
+    format: int = RUN_FORMAT
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> DriftRun:
+        if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
+            raise DriftError(f"{where}: not a drift run of format {RUN_FORMAT} "
+                             "(written by `patchset probe --kind drift --save`)")
+        try:
+            seqs = [Sequence(**s) for s in data["sequences"]]
+            return cls(str(data["endpoint"]), float(data["started"]), dict(data["spec"]),
+                       seqs, float(data.get("seconds", 0.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DriftError(f"{where}: damaged drift run ({exc})") from None
+
+
+# ---------------------------------------------------------------- measuring
+
+def measure(client: Client, spec: DriftSpec, say: Callable[[str], None] = lambda _: None
+            ) -> DriftRun:
+    """Generate from every conversation (and its second turn), then replay each sequence
+    `spec.repeats` times as prefill."""
+    started = time.time()
+    sequences: list[Sequence] = []
+    flush(client, spec.timeout)
+    for conv in convs.build_all(spec.sizes, spec.seed):
+        say(f"drift: {conv.name}: generating {spec.output_tokens} tokens")
+        first, text = generate(client, conv.text, spec, f"{conv.name}/turn-1")
+        sequences.append(first)
+        if spec.second_turn:
+            sequences.append(generate_turn(client, conv.text + text + conv.follow_up, spec,
+                                           f"{conv.name}/turn-2"))
+    return _replayed(client, sequences, spec, started, say)
+
+
+def _replayed(client: Client, sequences: list[Sequence], spec: DriftSpec, started: float,
+              say: Callable[[str], None]) -> DriftRun:
+    """Every sequence replayed `spec.repeats` times, from an empty cache."""
+    flush(client, spec.timeout)
+    for repeat in range(spec.repeats):
+        say(f"drift: replay {repeat + 1} of {spec.repeats} of {len(sequences)} sequences")
+        for seq in sequences:
+            replay(client, seq, spec.timeout)
+    return DriftRun(client.describe(), started, asdict(spec), sequences,
+                    round(time.time() - started, 3))
+
+
+def generate(client: Client, text: str, spec: DriftSpec, name: str,
+             start: int = 0) -> tuple[Sequence, str]:
+    """`start` 0: the prompt's ids come back in input_token_logprobs (no tokenizer here);
+    -1: output logprobs only, so the server may serve the prompt from its prefix cache
+    (SGLang matches no cached prefix when input logprobs from 0 are asked for)."""
+    body = {"text": text, "return_logprob": True, "logprob_start_len": start,
+            "top_logprobs_num": 1, "return_text_in_logprobs": False,
+            "sampling_params": {"temperature": spec.temperature,
+                                "max_new_tokens": spec.output_tokens, "ignore_eos": True,
+                                "sampling_seed": spec.seed}}
+    answer = _one(client.post("/generate", body, spec.timeout))
+    meta = _meta(answer)
+    prompt = [_token(e) for e in _list(meta, "input_token_logprobs")] if start == 0 else []
+    output = answer.get("output_ids")
+    decode = _list(meta, "output_token_logprobs")
+    if not isinstance(output, list) or len(decode) != len(output):
+        raise DriftError(f"{name}: output_ids and output_token_logprobs do not match")
+    tops = meta.get("output_top_logprobs") or [None] * len(output)
+    return Sequence(name, prompt, [int(t) for t in output], [_logprob(e) for e in decode],
+                    [_top(t) for t in tops]), str(answer.get("text") or "")
+
+
+def generate_turn(client: Client, text: str, spec: DriftSpec, name: str) -> Sequence:
+    """The second turn: decoded on the cached turn 1 (start -1), then its prompt's ids
+    read by a prefill of the same text (no decode)."""
+    seq, _ = generate(client, text, spec, name, start=-1)
+    body = {"text": text, "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 0}}
+    meta = _meta(_one(client.post("/generate", body, spec.timeout)))
+    seq.prompt_ids = [_token(e) for e in _list(meta, "input_token_logprobs")]
+    return seq
+
+
+def replay(client: Client, seq: Sequence, timeout: float) -> None:
+    """Prompt + output as one prefill. The window starts one token before the output:
+    SGLang's first input logprob of a window is always None (as for token 0)."""
+    body = {"input_ids": seq.prompt_ids + seq.output_ids, "return_logprob": True,
+            "logprob_start_len": max(0, seq.start - 1), "top_logprobs_num": 1,
+            "return_text_in_logprobs": False, "sampling_params": {"max_new_tokens": 0}}
+    meta = _meta(_one(client.post("/generate", body, timeout)))
+    entries = _list(meta, "input_token_logprobs")[-len(seq.output_ids):]
+    if len(entries) != len(seq.output_ids):
+        raise DriftError(f"{seq.name}: the replay returned {len(entries)} logprobs for "
+                         f"{len(seq.output_ids)} output tokens")
+    if [_token(e) for e in entries] != seq.output_ids:
+        raise DriftError(f"{seq.name}: the replay's tokens are not the sequence sent")
+    seq.prefill_lp.append([_logprob(e) for e in entries])
+    if not seq.prefill_top:
+        tops = (meta.get("input_top_logprobs") or [])[-len(seq.output_ids):]
+        seq.prefill_top = [_top(t) for t in tops] or [None] * len(seq.output_ids)
+
+
+def flush(client: Client, timeout: float) -> None:
+    """As kl_test_utils: the replay must not be served from what generation cached."""
+    try:
+        client.post("/flush_cache", {}, timeout, want_json=False)   # it answers plain text
+    except DriftError as exc:
+        if isinstance(exc, _unreachable()):
+            raise
+        # a server without the endpoint (or refusing it): replays may be served from
+        # cache, which is a prefill too; the numbers stay comparable
+
+
+def replay_saved(client: Client, saved: DriftRun, spec: DriftSpec,
+                 say: Callable[[str], None] = lambda _: None) -> DriftRun:
+    """The saved run's token sequences replayed on the server as it is now."""
+    started = time.time()
+    now = [Sequence(s.name, list(s.prompt_ids), list(s.output_ids), list(s.decode_lp),
+                    list(s.decode_top)) for s in saved.sequences]
+    return _replayed(client, now, spec, started, say)
+
+
+# ---------------------------------------------------------------- judging
+
+@dataclass(frozen=True)
+class SequenceDrift:
+    name: str
+    prompt_tokens: int
+    output_tokens: int
+    comparison: Comparison
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """What a run says: decode vs prefill (one state), or state A vs state B (A/B)."""
+
+    kind: str                              # "prefill-vs-decode" | "a-b"
+    endpoint: str
+    per_sequence: tuple[SequenceDrift, ...]
+    overall: Comparison
+    verdict: Verdict
+    seconds: float
+    against: str | None = None
+
+    def to_json(self, points: bool = False) -> dict:
+        def comp(c: Comparison) -> dict:
+            out = {"overall": asdict(c.overall), "buckets": {k: asdict(v) for k, v in
+                                                             c.buckets.items()},
+                   "top1_agreement": c.top1_agreement, "first_divergence": c.first_divergence}
+            if points:
+                out["points"] = [list(p) for p in c.points]
+            return out
+        return {"kind": self.kind, "endpoint": self.endpoint, "against": self.against,
+                "seconds": self.seconds, "overall": comp(self.overall),
+                "verdict": asdict(self.verdict),
+                "sequences": [{"name": s.name, "prompt_tokens": s.prompt_tokens,
+                               "output_tokens": s.output_tokens, **comp(s.comparison)}
+                              for s in self.per_sequence]}
+
+
+def prefill_vs_decode(run: DriftRun, k: float = 3.0) -> DriftReport:
+    """Decode's logprobs against the first replay's; the noise: replays against it."""
+    per = tuple(SequenceDrift(s.name, s.start, len(s.output_ids),
+                              compare(s.prefill_lp[0], s.decode_lp, s.start, s.prefill_top,
+                                      s.decode_top))
+                for s in run.sequences if s.prefill_lp)
+    overall = pooled([p.comparison for p in per])
+    return DriftReport("prefill-vs-decode", run.endpoint, per, overall,
+                       Verdict.judge(overall.overall.mean, noise(run), k), run.seconds)
+
+
+def a_b(saved: DriftRun, now: DriftRun, k: float = 3.0, where: str = "") -> DriftReport:
+    """State A (saved) against state B (now), replay against replay, same tokens."""
+    per = tuple(SequenceDrift(b.name, b.start, len(b.output_ids),
+                              compare(b.prefill_lp[0], a.prefill_lp[0], b.start))
+                for a, b in zip(saved.sequences, now.sequences) if a.prefill_lp and b.prefill_lp)
+    overall = pooled([p.comparison for p in per])
+    return DriftReport("a-b", now.endpoint, per, overall,
+                       Verdict.judge(overall.overall.mean, noise(now), k),
+                       now.seconds, against=where or saved.endpoint)
+
+
+def noise(run: DriftRun) -> list[float]:
+    """The drift statistic between replay j and replay 0 of the same state (j >= 1)."""
+    out = []
+    for j in range(1, min((len(s.prefill_lp) for s in run.sequences), default=0)):
+        comps = [compare(s.prefill_lp[j], s.prefill_lp[0], s.start) for s in run.sequences]
+        mean = pooled(comps).overall.mean
+        if mean is not None:
+            out.append(mean)
+    return out
+
+
+# ---------------------------------------------------------------- files
+
+def save_run(run: DriftRun, path: Path) -> None:
+    """Atomically, 0600: a run holds the prompts' token ids (the shipped text), no keys."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(run.to_json(), handle)
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> DriftRun:
+    try:
+        size = path.stat().st_size
+        if size > MAX_RUN_BYTES:
+            raise DriftError(f"{path}: {size} bytes, more than a drift run can be")
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise DriftError(f"{path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise DriftError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    return DriftRun.from_json(data, str(path))
+
+
+# ---------------------------------------------------------------- response shapes
+
+def _one(answer: Any) -> dict:
+    if isinstance(answer, list) and len(answer) == 1:
+        answer = answer[0]
+    if not isinstance(answer, dict):
+        raise DriftError("/generate did not answer one JSON object")
+    return answer
+
+
+def _meta(answer: dict) -> dict:
+    meta = answer.get("meta_info")
+    if not isinstance(meta, dict):
+        raise DriftError("/generate's answer has no meta_info (is this SGLang's /generate?)")
+    return meta
+
+
+def _list(meta: dict, key: str) -> list:
+    value = meta.get(key)
+    if not isinstance(value, list):
+        raise DriftError(f"/generate's meta_info has no {key} list (return_logprob ignored?)")
+    return value
+
+
+def _token(entry: Any) -> int:
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not isinstance(entry[1], int):
+        raise DriftError("a logprob entry is not [logprob, token_id, text]")
+    return entry[1]
+
+
+def _logprob(entry: Any) -> float | None:
+    value = entry[0] if isinstance(entry, (list, tuple)) and entry else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _top(entry: Any) -> int | None:
+    """The top-1 token of one position's top_logprobs ([[logprob, id, text], ...])."""
+    if isinstance(entry, list) and entry and isinstance(entry[0], (list, tuple)) \
+            and len(entry[0]) >= 2 and isinstance(entry[0][1], int):
+        return entry[0][1]
+    return None
+
+
+# ---------------------------------------------------------------- the probe command
+
+@dataclass
+class DriftOutcome:
+    report: DriftReport | None
+    run: DriftRun | None
+    unreachable: bool = False
+    error: str | None = None
+    saved: str | None = None
+
+    def to_json(self) -> dict:
+        return {"unreachable": self.unreachable, "error": self.error, "saved": self.saved,
+                "report": self.report.to_json(points=True) if self.report else None}
+
+
+def probe_drift(client: Client, spec: DriftSpec, save: Path | None = None,
+                against: Path | None = None,
+                say: Callable[[str], None] = lambda _: None) -> DriftOutcome:
+    """One `patchset probe --kind drift`: a bad saved run is the caller's input error
+    (UsageError, nothing sent); no answer is `unreachable`; a server whose answers are
+    not /generate's is a TargetError."""
+    from patchset.errors import TargetError, UsageError
+
+    from .httpjson import Unreachable
+    try:
+        saved = load(against) if against else None
+    except DriftError as exc:
+        raise UsageError(f"--against {exc}") from None
+    try:
+        if saved is not None:
+            run = replay_saved(client, saved, spec, say)
+            report = a_b(saved, run, spec.k, str(against))
+        else:
+            run = measure(client, spec, say)
+            report = prefill_vs_decode(run, spec.k)
+    except Unreachable as exc:
+        return DriftOutcome(None, None, unreachable=True, error=str(exc))
+    except DriftError as exc:
+        raise TargetError(f"drift probe: {exc}") from None
+    if save:
+        save_run(run, save)
+    return DriftOutcome(report, run, saved=str(save) if save else None)
+
+
+def _unreachable() -> type:
+    from .httpjson import Unreachable
+    return Unreachable

@@ -1,0 +1,81 @@
+"""JSON over HTTP for the drift probe, on whichever connection reaches the server: the
+host's own SSH connection (deploy/tunnel.py SshEndpoint: a server bound to the host's
+127.0.0.1, a host known by an ssh-config alias) or a direct URL (`--url`). The server's
+refusals (an HTTP status) and an unreachable server are told apart (exit 1 vs exit 3)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from patchset.errors import HostUnreachable, PatchsetError
+
+from .drift import DriftError
+
+ERROR_CHARS = 300
+
+
+class Unreachable(DriftError):
+    """No answer at all: the probe cannot say anything about the server."""
+
+
+class EndpointClient:
+    """POST JSON through an HttpEndpoint (deploy/tunnel.py), a bearer key if given."""
+
+    def __init__(self, endpoint: Any, key: str | None = None) -> None:
+        self.endpoint = endpoint
+        self._key = key
+
+    def describe(self) -> str:
+        return self.endpoint.describe()
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    def post(self, path: str, body: dict, timeout: float, want_json: bool = True) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        where = f"{self.describe()} {path}"
+        try:
+            reply = self.endpoint.request("POST", path, json.dumps(body).encode(), headers,
+                                          timeout=timeout)
+        except HostUnreachable as exc:
+            raise Unreachable(str(exc)) from None
+        except PatchsetError as exc:
+            raise DriftError(f"{where}: {exc}") from None
+        if reply.status != 200:
+            text = reply.body[:ERROR_CHARS].decode(errors="replace")
+            raise DriftError(f"{where}: HTTP {reply.status}: {redact(text, self._key)}")
+        if not want_json:
+            return reply.body
+        try:
+            return json.loads(reply.body)
+        except json.JSONDecodeError as exc:
+            raise DriftError(f"{where}: not JSON ({exc.msg})") from None
+
+
+def redact(text: str, key: str | None) -> str:
+    return text.replace(key, "***") if key else text
+
+
+def client_for(host: str | None, url: str | None, inventory: str | None,
+               api_key_env: str | None, resolver: Any = None) -> EndpointClient:
+    """The server a drift probe talks to: `--url` directly, else the inventory host's
+    router, else its decode role, through the host's SSH connection (`resolver`'s, when
+    the command holds one, so there is one connection and one host-key check)."""
+    from deploy.tunnel import DirectEndpoint, endpoint_for
+
+    from .probe import api_key, parse_url
+    key = api_key(api_key_env)
+    if url:
+        return EndpointClient(DirectEndpoint(parse_url(url)), key)
+    if resolver is not None:
+        return EndpointClient(resolver.endpoint(host), key)
+    from deploy.inventory import load
+    from patchset.errors import UsageError
+    inv = load(inventory)
+    if not host or host not in inv.hosts:
+        raise UsageError(f"probe: {host!r} is not in the inventory "
+                         f"({inv.path or 'no hosts.yaml'}); use --url for other servers")
+    return EndpointClient(endpoint_for(inv.hosts[host]), key)

@@ -2,20 +2,21 @@
 run the fidelity probes against its endpoint when asked, parse, evaluate patch states,
 run the checks, rank a symptom, return a Report.
 
-The probes are passed in (`HostProbes`, filled by isolate.probe.AuditProbes): this package
-is read-only and never imports the code that sends requests to a server; it finds each
-host's endpoint, calls the probes, and turns their records (model.ProbeResult) into
-findings."""
+The probes are passed in (`HostProbes`, filled by isolate.probe.AuditProbes, which opens
+endpoints through the resolver the CLI holds): this package is read-only and never imports
+the code that sends requests to a server; it says where each host's facts find a server,
+calls the probes, and turns their records (model.ProbeResult) into findings."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from patchset import __version__
 from patchset.api import on_hosts
-from patchset.errors import Exit, HostUnreachable, TargetError
+from patchset.errors import Exit, HostUnreachable, PatchsetError, TargetError
 from patchset.transport import Transport
 from patchset.model import Series
 
@@ -29,18 +30,23 @@ from .states import evaluate_host
 SCHEMA_VERSION = "1.3"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
+PROBE_PATHS = {"drift": "/generate"}   # where a probe POSTs (else a chat completion)
 
 
 class HostProbes(Protocol):
-    """What `audit --probe` runs against each host (isolate.probe.AuditProbes): `urls`, the
-    endpoint of each host the inventory gives one (router, else decode port: as `patchset
-    probe HOST`); other hosts are probed where their facts say a client's request enters
-    (rank.entry_url, the URL the symptom's probe step names)."""
+    """What `audit --probe` runs against each host (isolate.probe.AuditProbes). An endpoint
+    is opaque here: something the plan opened and sends requests to (an HTTP endpoint on
+    the host's SSH connection)."""
 
-    urls: dict[str, str]
+    def endpoint(self, host: str, at: tuple[str, int] | None) -> Any | None:
+        """Where `host`'s probes go: its inventory role when that has a port (as `patchset
+        probe HOST`), else `at`, the address and port its facts say a client's request
+        enters (listen_at), as seen from the host; None when neither. Bad input (an
+        address the endpoint refuses) is a PatchsetError."""
 
-    def run(self, host: str, url: str) -> list[ProbeResult]:
-        """Every probe asked for, against `url`; failures are records, not exceptions."""
+    def run(self, host: str, endpoint: Any) -> list[ProbeResult]:
+        """Every probe asked for, against `endpoint` (closed after); failures are records,
+        not exceptions."""
 
     def not_run(self, host: str, reason: str) -> list[ProbeResult]:
         """Every probe asked for, as a record that could not be sent (and why)."""
@@ -54,12 +60,11 @@ def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
 
 
 def collect(series: Series, transports: list[Transport], pol: policy_mod.Policy) -> list[HostFacts]:
-    return [f for f, _ in _collect(series, transports, pol, None, Access())]
+    return [f for f, _ in _collect(series, transports, pol, None)]
 
 
 def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy,
-             probes: HostProbes | None, access: Access
-             ) -> list[tuple[HostFacts, list[ProbeResult] | None]]:
+             probes: HostProbes | None) -> list[tuple[HostFacts, list[ProbeResult] | None]]:
     """Facts of every host in parallel; each host's probes run right after its facts
     (they need them to find its endpoint), so a slow probe never holds up another host."""
     request = gather_request(series, pol)
@@ -72,24 +77,40 @@ def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy
         except TargetError as exc:             # the agent gave no result
             return HostFacts(host=transport.host, reachable=True, error=str(exc)), None
         facts = hostfacts.build(transport.host, result)
-        return facts, probe_host(facts, probes, access) if probes else None
+        return facts, probe_host(facts, probes) if probes else None
     return on_hosts(transports, one)
 
 
-def probe_host(facts: HostFacts, plan: HostProbes, access: Access) -> list[ProbeResult] | None:
+def probe_host(facts: HostFacts, plan: HostProbes) -> list[ProbeResult] | None:
     """The plan's probes against this host's endpoint; none for a host whose facts could
     not be gathered (that is already the finding, and its server is likely down too)."""
     if not facts.reachable or facts.error:
         return None
-    url = plan.urls.get(facts.host)
-    if url is None:
-        found = entry_url(facts, access.addresses.get(facts.host))
-        url = found[1] if found else None
-    if url is None:
+    try:
+        endpoint = plan.endpoint(facts.host, listen_at(facts))
+    except PatchsetError as exc:
+        return plan.not_run(facts.host, f"no endpoint to probe: {exc}")
+    if endpoint is None:
         return plan.not_run(facts.host, "no endpoint to probe: the inventory gives "
                             f"{facts.host} no router or decode port and no SGLang server "
                             "runs there")
-    return plan.run(facts.host, url)
+    return plan.run(facts.host, endpoint)
+
+
+def listen_at(facts: HostFacts) -> tuple[str, int] | None:
+    """(address, port) where a client's request enters the host (rank.entry_url: a server
+    without P/D, else the prefill, else the decode), as the host itself dials it: the
+    gatherer saw the server's bind address there, so a server on the host's loopback is
+    127.0.0.1 and is reached through the host's SSH connection."""
+    found = entry_url(facts)
+    if found is None:
+        return None
+    parts = urlsplit(found[1])
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return (parts.hostname, port) if parts.hostname and port else None
 
 
 def probe_findings(host: str, results: list[ProbeResult]) -> list[Finding]:
@@ -104,10 +125,19 @@ def probe_findings(host: str, results: list[ProbeResult]) -> list[Finding]:
             id=f"{PROBE_CHECK}[{r.probe}]", host=host, subject=f"{r.name} {r.url}".strip(),
             expected=r.expected or "a chat completion", found=r.error or r.answer,
             status=status, severity=PROBE_SEVERITY, message=r.reason,
-            evidence=(Evidence(PROBE_EVIDENCE, dataclasses.asdict(r),
-                               f"POST {r.url}/v1/chat/completions" if r.url else None,
-                               None, r.latency_ms),)))
+            evidence=(Evidence(PROBE_EVIDENCE, dataclasses.asdict(r), _sent(r), None,
+                               r.latency_ms),)))
     return out
+
+
+def _sent(r: ProbeResult) -> str | None:
+    """The request a probe record stands for: `POST URL/PATH` for a direct endpoint,
+    `POST PATH to HOST ADDRESS:PORT via ssh` for one reached through the host."""
+    if not r.url:
+        return None
+    path = PROBE_PATHS.get(r.probe, "/v1/chat/completions")
+    return f"POST {r.url}{path}" if r.url.startswith(("http://", "https://")) \
+        else f"POST {path} to {r.url}"
 
 
 def probe_records(host: HostReport) -> list[dict]:
@@ -149,7 +179,7 @@ def audit(series: Series, transports: list[Transport], symptom: str | None = Non
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
-    gathered = _collect(series, transports, pol, probes, access or Access())
+    gathered = _collect(series, transports, pol, probes)
     runs = {f.host: run for f, run in gathered if run is not None}
     return evaluate(series, [f for f, _ in gathered], symptom, access, pol, runs)
 

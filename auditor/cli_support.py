@@ -1,7 +1,9 @@
 """What the `patchset audit` command needs beyond parsing options: how steps reach each
 host (ssh argv, address), one library call, the exit code. The transports come from
 deploy.resolve (Hosts.audit_transport) and the `--probe` probes from isolate.probe
-(audit_probes): the CLI passes both in, so this package imports neither."""
+(audit_probes, which opens each host's endpoint with Hosts.endpoint: on the SSH
+connection the facts came through): the CLI passes both in, so this package imports
+neither."""
 
 from __future__ import annotations
 
@@ -52,8 +54,9 @@ def access(inventory: Any, specs: list[str], inventory_file: Any = None,
 
 def run(series: Series, transports: list[Any], symptom: str | None, inventory: Any,
         specs: list[str], probes: api.HostProbes | None = None,
-        inventory_file: Any = None, series_file: Any = None):
+        inventory_file: Any = None, series_file: Any = None, measured: tuple = ()):
     steps = access(inventory, specs, inventory_file, series_file)
+    steps.measured = tuple(measured)          # --measured (auditor/measured.py load_all)
     report = api.audit(series, transports, symptom, steps, probes=probes)
     return report, to_dict(report), api.exit_code(report)
 

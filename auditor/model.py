@@ -183,14 +183,78 @@ class NextStep:
     why: str = ""
 
 
+# ---------------------------------------------------------------- measured (--measured)
+
+HOW_ATTRIBUTED = ("measured", "inferred")          # a contribution with a value
+HOW_CLEARED = ("cleared-group", "not-needed")      # taken out with a group: no value
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One suspect's drift as a bisect by drift attributed it (isolate/driftsearch.py)."""
+
+    suspect: str
+    value: float | None              # the drift it carries; None: cleared with its group
+    low: float                       # the interval (value +- k sigma of the noise)
+    high: float
+    how: str                         # measured | inferred | cleared-group | not-needed
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One test state of that bisect: the change, its A/B drift against the start."""
+
+    number: int
+    change: str
+    ab: float | None                 # mean A/B drift of the state's tokens vs the start's
+    cleared: bool | None             # its own prefill-vs-decode drift within the noise
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A `patchset bisect HOST --probe drift` report given to the audit (`--measured
+    FILE`, parsed by auditor/measured.py): which suspects carry the drift, in numbers."""
+
+    source: str                      # the file, as given
+    host: str
+    id: str                          # the bisect's id
+    probe: str                       # drift
+    symptom: str                     # the symptom the bisect ranked its candidates for
+    threshold: float | None          # the starting state's noise threshold
+    contributions: tuple[Contribution, ...]
+    steps: tuple[MeasuredStep, ...]
+    culprit: str | None
+    verdict: str
+    ranks: bool = True               # it orders the suspects (the symptom's measured_by)
+
+    def contribution(self, suspect: str) -> Contribution | None:
+        return next((c for c in self.contributions if c.suspect == suspect), None)
+
+
+@dataclass(frozen=True)
+class MeasuredContribution:
+    """A suspect's measured contribution on one host, as the suspect carries it."""
+
+    host: str
+    bisect: str                      # the bisect's id
+    source: str                      # the file it came from
+    value: float | None
+    low: float
+    high: float
+    how: str
+    threshold: float | None
+    above: bool                      # above the noise threshold: it carries drift
+
+
 @dataclass(frozen=True)
 class Suspect:
     rank: int
     kind: str                        # patch | hazard | check
     name: str
-    score: float
+    score: float                     # the prior weights' product (symptoms.yaml)
     reasons: tuple[str, ...]
     steps: tuple[NextStep, ...] = ()
+    measured: tuple[MeasuredContribution, ...] = ()   # --measured: per measured host
 
 
 @dataclass(frozen=True)
@@ -199,6 +263,7 @@ class SymptomReport:
     title: str
     suspects: tuple[Suspect, ...]
     next_steps: tuple[NextStep, ...]
+    measured: tuple[Measured, ...] = ()   # the --measured bisect reports
 
 
 # ---------------------------------------------------------------- fidelity probes (--probe)

@@ -77,6 +77,7 @@ class Symptom:
     hazard: float
     checks: dict[str, float]
     probe: dict[str, Any]            # command, why, reproduced_by (a list)
+    measured_by: tuple[str, ...] = ()   # probes whose bisect (--measured) ranks it
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ def load(directory: str | None = None) -> Policy:
             states=dict(s.get("states") or {}),
             tier=dict(s.get("tier") or weights.get("tier") or {}),
             hazard=float(s.get("hazard", 0.0)), checks=dict(s.get("checks") or {}),
-            probe=dict(s.get("probe") or {}))
+            probe=dict(s.get("probe") or {}),
+            measured_by=tuple(str(p) for p in s.get("measured_by") or ()))
     return Policy(hazards=tuple(hazards), assumptions=assumptions, expectations=expectations,
                   patterns=tuple(tz.get("patterns") or ()), symptoms=symptoms,
                   severity_weight=dict(weights.get("severity") or {}),

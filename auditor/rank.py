@@ -7,10 +7,15 @@ appears in this module. Steps, cheapest first:
   1 toggle a gate (zero code change; the exact command), or restart a stale unit;
   2 revert one unconditional patch (`patchset revert NAME`), apply a fix;
   3 run the symptom's probe.
+A bisect by drift's measurement (`--measured FILE`, auditor/measured.py) goes ahead of the
+weights for the symptoms it bears on (symptoms.yaml `measured_by`): patches it measured
+above the noise rank first, by contribution (the score breaks ties); patches it cleared
+rank after every unmeasured suspect and leave the next steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
@@ -24,6 +29,8 @@ from .model import (
     Finding,
     HostFacts,
     HostReport,
+    Measured,
+    MeasuredContribution,
     NextStep,
     PatchState,
     Suspect,
@@ -44,6 +51,7 @@ class Access:
     inventory: str | None = None    # --inventory as the audit was given it (None: default)
     series: str | None = None       # --series likewise
     probe_hosts: tuple[str, ...] = ()   # hosts `patchset probe HOST` reaches by name
+    measured: tuple[Measured, ...] = ()  # --measured: bisect-by-drift reports of these hosts
 
     def remote(self, host: str, command: str) -> str:
         prefix = self.ssh.get(host)
@@ -60,24 +68,106 @@ class Access:
         return " " + shlex.join(words) if words else ""
 
 
+MEASURED_ABOVE, UNMEASURED, MEASURED_CLEARED = 0, 1, 2     # bands, in rank order
+
+
+@dataclass
+class _Scored:
+    """A suspect while it is ranked: its prior score, and what a measurement says."""
+
+    score: float
+    kind: str
+    name: str
+    reasons: list[str]
+    steps: list[NextStep]
+    hosts: tuple[str, ...] = ()          # a patch: the hosts where it is a suspect
+    measured: tuple[MeasuredContribution, ...] = ()
+    band: int = UNMEASURED
+    lead: float = 0.0                    # band MEASURED_ABOVE: its largest contribution
+
+
 def rank(ctx: AuditContext, symptom_name: str, access: Access | None = None) -> SymptomReport:
     symptom = ctx.policy.symptom(symptom_name)
     access = access or Access()
-    scored: list[tuple[float, str, str, list[str], list[NextStep]]] = []
+    scored: list[_Scored] = []
     for patch in ctx.series.patches:
         item = _patch_suspect(ctx, symptom, patch, access)
         if item:
             scored.append(item)
     scored += _hazard_suspects(ctx, symptom, access)
     scored += _check_suspects(ctx, symptom, access)
-    scored = [s for s in scored if s[0] >= ctx.policy.min_score]
-    scored.sort(key=lambda s: (-s[0], s[1], s[2]))
-    suspects = tuple(Suspect(rank=i + 1, kind=kind, name=name, score=round(score, 3),
-                             reasons=tuple(reasons),
-                             steps=tuple(sorted(steps, key=lambda st: st.cost)))
-                     for i, (score, kind, name, reasons, steps) in enumerate(scored))
+    runs = tuple(dataclasses.replace(m, ranks=m.probe in symptom.measured_by)
+                 for m in access.measured)
+    audited = {h.host for h in ctx.hosts}
+    for item in scored:
+        _measure(item, [m for m in runs if m.ranks and m.host in audited])
+    scored = [s for s in scored if s.score >= ctx.policy.min_score
+              or s.band == MEASURED_ABOVE]
+    scored.sort(key=lambda s: (s.band, -s.lead, -s.score, s.kind, s.name))
+    suspects = tuple(Suspect(rank=i + 1, kind=s.kind, name=s.name, score=round(s.score, 3),
+                             reasons=tuple(s.reasons),
+                             steps=tuple(sorted(s.steps, key=lambda st: st.cost)),
+                             measured=s.measured)
+                     for i, s in enumerate(scored))
+    bands = {(s.kind, s.name): s.band for s in scored}
     return SymptomReport(symptom.name, symptom.title, suspects,
-                         _next_steps(ctx, symptom, suspects, access))
+                         _next_steps(ctx, symptom, suspects, access, bands), runs)
+
+
+# ---------------------------------------------------------------- measured contributions
+
+def _measure(item: _Scored, runs: list[Measured]) -> None:
+    """A patch's contributions in the measurements of its hosts: above the noise on one
+    host puts it first; cleared on every host where it is a suspect puts it last. What
+    the measurements say goes first in its reasons."""
+    if item.kind != "patch":
+        return
+    found: list[MeasuredContribution] = []
+    notes: list[str] = []
+    for run in runs:
+        c = run.contribution(item.name)
+        if c is not None:
+            above = c.value is not None and run.threshold is not None \
+                and c.value > run.threshold
+            found.append(MeasuredContribution(run.host, run.id, run.source, c.value, c.low,
+                                              c.high, c.how, run.threshold, above))
+        elif run.host in item.hosts:
+            notes.append(f"not measured on {run.host} (bisect {run.id}): it was not among "
+                         "that bisect's candidates")
+    measured_on = {m.host for m in found}
+    if any(m.above for m in found):
+        item.band = MEASURED_ABOVE
+        item.lead = max(m.value or 0.0 for m in found if m.above)
+    elif found and set(item.hosts) <= measured_on:
+        item.band = MEASURED_CLEARED
+    elif found:
+        notes.append(f"also a suspect on {', '.join(sorted(set(item.hosts) - measured_on))}, "
+                     "which no bisect measured: ranked with the unmeasured suspects")
+    item.measured = tuple(found)
+    item.reasons[:0] = [_measured_why(m, item.band) for m in found] + notes
+
+
+def _measured_why(m: MeasuredContribution, band: int) -> str:
+    where = f"measured on {m.host} (bisect {m.bisect}, {m.source})"
+    limit = f"the noise threshold {_g(m.threshold)}"
+    interval = f"[{_g(m.low)}, {_g(m.high)}]"
+    if m.above:
+        return (f"{where}: contribution {_g(m.value)} {interval} ({m.how}), above {limit}: "
+                "ranked by it, ahead of the prior weights")
+    if m.value is not None:
+        said = f"contribution {_g(m.value)} {interval} ({m.how}), within {limit}"
+    elif m.how == "not-needed":
+        said = (f"not needed: the group before it already cleared the drift; at most "
+                f"{_g(m.high)} {interval}")
+    else:
+        said = (f"cleared with its group (the group's A/B drift was within {limit}); at "
+                f"most {_g(m.high)} {interval}")
+    after = ": ranked after every unmeasured suspect" if band == MEASURED_CLEARED else ""
+    return f"{where}: {said}{after}"
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 # ---------------------------------------------------------------- patches
@@ -124,7 +214,9 @@ def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Ac
     if implicated:
         best *= ctx.policy.implicated
         reasons += [f"{f.id}: {f.message or f.found}" for f in implicated[:3]]
-    return best, "patch", patch.name, reasons, _patch_steps(ctx, symptom, patch, hits, access)
+    return _Scored(best, "patch", patch.name, reasons,
+                   _patch_steps(ctx, symptom, patch, hits, access),
+                   hosts=tuple(sorted({h.host for h, _, _ in hits})))
 
 
 def _patch_steps(ctx: AuditContext, symptom: Symptom, patch: Patch,
@@ -219,7 +311,7 @@ def _hazard_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
                 command = (f"patchset plan --only {names} {shlex.quote(host.host)}"
                            + access.options())
             steps.append(NextStep(m.cost, m.kind, m.title, command))
-        out.append((score, "hazard", hz.id, reasons, steps))
+        out.append(_Scored(score, "hazard", hz.id, reasons, steps))
     return out
 
 
@@ -237,7 +329,7 @@ def _check_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
         reasons = [f"{f.subject}: {f.message or f'expected {f.expected}, found {f.found}'}"
                    for f in findings[:4]]
         steps = _remedies(ctx, base, host_name, findings, access)
-        out.append((score, "check", f"{base} on {host_name}", reasons, steps))
+        out.append(_Scored(score, "check", f"{base} on {host_name}", reasons, steps))
     return out
 
 
@@ -265,15 +357,21 @@ def _remedies(ctx: AuditContext, check_id: str, host_name: str, findings: list[F
 # ---------------------------------------------------------------- next steps
 
 def _next_steps(ctx: AuditContext, symptom: Symptom, suspects: tuple[Suspect, ...],
-                access: Access) -> tuple[NextStep, ...]:
+                access: Access, bands: dict[tuple[str, str], int]) -> tuple[NextStep, ...]:
+    """The leading suspects' steps (score >= next_steps_fraction of the top score, or
+    measured above the noise), cheapest first, then measured before unmeasured, then by
+    score; a suspect the measurement cleared has no step here."""
     probed = _probe_findings(ctx, symptom)
     reproduced = [f for f in probed if f.status == "fail"]
     if not suspects and not reproduced:
         return ()
-    floor = suspects[0].score * ctx.policy.next_steps_fraction if suspects else 0.0
-    ordered = sorted(((step.cost, -s.score, s.rank, step) for s in suspects
-                      if s.score >= floor for step in s.steps), key=lambda t: t[:3])
-    steps = _dedupe([t[3] for t in ordered])
+    live = [(bands.get((s.kind, s.name), UNMEASURED), s) for s in suspects]
+    live = [(band, s) for band, s in live if band != MEASURED_CLEARED]
+    floor = max((s.score for _, s in live), default=0.0) * ctx.policy.next_steps_fraction
+    ordered = sorted(((step.cost, band, -s.score, s.rank, step) for band, s in live
+                      if s.score >= floor or band == MEASURED_ABOVE for step in s.steps),
+                     key=lambda t: t[:4])
+    steps = _dedupe([t[4] for t in ordered])
     if symptom.probe:
         host, url = _probed(reproduced or probed) or ("", "")
         if host not in access.probe_hosts and not url.startswith(("http://", "https://")):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import math
 import os
 import secrets
 import signal
@@ -39,7 +40,7 @@ from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, Usa
 from patchset.model import Series
 from patchset.selection import Plan, Selection
 
-from . import drift, driftsearch
+from . import drift, driftsearch, driftstats
 from . import probe as probe_mod
 
 SERVER_ROLES = ("prefill", "decode")
@@ -278,8 +279,8 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         report.restored = True
         return report
     noise = drift.noise(base)
-    judge = drift.Verdict.judge(0.0, noise, probe.spec.k)
-    spread = statistics.stdev(noise)
+    threshold = driftstats.noise_threshold(noise, probe.spec.k)
+    spread = statistics.stdev(noise) / math.sqrt(len(noise))   # of a mean over the tokens
     api.bisect_mark(t.series, t.transport, report.id, _record(report, t))
 
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
@@ -289,7 +290,8 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         started = time.monotonic()
         step = _enter(t, report, "group", _group_change(t, chosen), out, gates, say)
         ab, here = probe.at(base)
-        cleared = not (here.overall.overall.mean or 0.0) > judge.threshold
+        cleared = not driftstats.exceeds([v for _, v in here.overall.points], noise,
+                                         probe.spec.k)
         step.probe_ok = cleared
         step.probes = [_drift_json(ab), _drift_json(here)]
         step.seconds = round(time.monotonic() - started, 2)
@@ -298,10 +300,11 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         return driftsearch.Measurement(ab.overall.overall.mean or 0.0, cleared)
 
     def attribute() -> None:
-        found = driftsearch.search(list(steps), measure, judge.threshold, spread,
-                                   probe.spec.k)
+        found = driftsearch.search(list(steps), measure, threshold, spread, probe.spec.k,
+                                   cheap=frozenset(n for n, c in steps.items()
+                                                   if c.plan == "gate-off"))
         report.contributions = [asdict(c) for c in found.contributions]
-        report.verdict = _drift_verdict(found, judge.threshold)
+        report.verdict = _drift_verdict(found, threshold)
         if found.culprits:
             top = max(found.contributions, key=lambda c: c.value or 0.0)
             report.culprit = {"patch": top.suspect, "action": steps[top.suspect].plan,

@@ -260,7 +260,7 @@ def prefill_vs_decode(run: DriftRun, k: float = 3.0) -> DriftReport:
                 for s in run.sequences if s.prefill_lp)
     overall = pooled([p.comparison for p in per])
     return DriftReport("prefill-vs-decode", run.endpoint, per, overall,
-                       Verdict.judge(overall.overall.mean, noise(run), k), run.seconds)
+                       _judge(overall, run, k), run.seconds)
 
 
 def a_b(saved: DriftRun, now: DriftRun, k: float = 3.0, where: str = "") -> DriftReport:
@@ -269,20 +269,27 @@ def a_b(saved: DriftRun, now: DriftRun, k: float = 3.0, where: str = "") -> Drif
                               compare(b.prefill_lp[0], a.prefill_lp[0], b.start))
                 for a, b in zip(saved.sequences, now.sequences) if a.prefill_lp and b.prefill_lp)
     overall = pooled([p.comparison for p in per])
-    return DriftReport("a-b", now.endpoint, per, overall,
-                       Verdict.judge(overall.overall.mean, noise(now), k),
+    return DriftReport("a-b", now.endpoint, per, overall, _judge(overall, now, k),
                        now.seconds, against=where or saved.endpoint)
 
 
+def _judge(overall: Comparison, state: DriftRun, k: float) -> Verdict:
+    """The drift's tokens against the noise's tokens of `state` (its replays)."""
+    pairs = noise_pairs(state)
+    return Verdict.judge([v for _, v in overall.points], [v for c in pairs for _, v in c.points],
+                         k, tuple(c.overall.mean for c in pairs if c.overall.mean is not None))
+
+
+def noise_pairs(run: DriftRun) -> list[Comparison]:
+    """Replay j against replay 0 of the same state, every sequence pooled (j >= 1)."""
+    return [pooled([compare(s.prefill_lp[j], s.prefill_lp[0], s.start)
+                    for s in run.sequences])
+            for j in range(1, min((len(s.prefill_lp) for s in run.sequences), default=0))]
+
+
 def noise(run: DriftRun) -> list[float]:
-    """The drift statistic between replay j and replay 0 of the same state (j >= 1)."""
-    out = []
-    for j in range(1, min((len(s.prefill_lp) for s in run.sequences), default=0)):
-        comps = [compare(s.prefill_lp[j], s.prefill_lp[0], s.start) for s in run.sequences]
-        mean = pooled(comps).overall.mean
-        if mean is not None:
-            out.append(mean)
-    return out
+    """The noise's per-token estimates: every replay against the first."""
+    return [v for c in noise_pairs(run) for _, v in c.points]
 
 
 # ---------------------------------------------------------------- files

@@ -58,9 +58,12 @@ Measure = Callable[[tuple[str, ...]], Measurement]
 
 
 def search(order: list[str], measure: Measure, threshold: float, spread: float,
-           k: float = 3.0) -> SearchResult:
+           k: float = 3.0, cheap: frozenset[str] = frozenset()) -> SearchResult:
     """`order`: the suspects, most likely first; `threshold`: a drift above it is real
-    (noise mean + k sigma); `spread`: the noise's sigma (for the intervals)."""
+    (noise mean + k sigma); `spread`: the noise's sigma (for the intervals); `cheap`: the
+    suspects taken out without a code change (gates), which lead `order`: a group splits
+    where they end whenever that split is as good as halving (no half larger than a
+    power of two the halves would be), so a gate-driven culprit is found by gates only."""
     result = SearchResult()
     memo: dict[tuple[str, ...], Measurement] = {}
 
@@ -85,7 +88,7 @@ def search(order: list[str], measure: Measure, threshold: float, spread: float,
             add(group, value, how if known is not None else "measured",
                 k * spread * (math.sqrt(2) if how == "inferred" else 1.0))
             return
-        half = (len(group) + 1) // 2
+        half = split(group, cheap)
         first, second = group[:half], group[half:]
         m1 = state(first)
         if m1.ab > threshold:
@@ -107,6 +110,15 @@ def search(order: list[str], measure: Measure, threshold: float, spread: float,
     if order:
         walk(tuple(order), None, "measured")
     return result
+
+
+def split(group: tuple[str, ...], cheap: frozenset[str]) -> int:
+    """Where to cut `group`: at the end of its cheap prefix if both parts then fit in
+    2^(ceil(log2 n) - 1) (the depth of halving stays ceil(log2 n)), else in half."""
+    n = len(group)
+    top = 2 ** (math.ceil(math.log2(n)) - 1)
+    prefix = next((i for i, name in enumerate(group) if name not in cheap), n)
+    return prefix if 0 < prefix < n and n - top <= prefix <= top else (n + 1) // 2
 
 
 def one_at_a_time(order: list[str], culprit: str) -> int:

@@ -98,32 +98,61 @@ def pooled(comparisons: list[Comparison]) -> Comparison:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A drift against the noise of the same statistic on one server state."""
+    """A drift against the noise of the same statistic on one server state.
+
+    The test is on tokens, not on runs: the drift's per-token estimates against the
+    noise's (the same estimator between replays of the same tokens on the same state),
+    Welch-style: above when mean(drift) > mean(noise) + k x sqrt(se_drift^2 + se_noise^2).
+    A handful of repeats would give the spread of a run's mean from two or three numbers;
+    a run's hundreds of tokens give it properly (tokens of one sequence are not fully
+    independent, so the confidence is nominal, and says so)."""
 
     drift: float | None
-    noise: tuple[float, ...]            # the statistic between repeats of one state
+    noise: tuple[float, ...]            # the mean between replay j and replay 0, per j
     k: float = DEFAULT_K
     threshold: float | None = field(default=None)
     above: bool | None = None           # None: the noise could not be measured
     why: str = ""
 
     @classmethod
-    def judge(cls, drift: float | None, noise: list[float], k: float = DEFAULT_K) -> Verdict:
-        if drift is None:
-            return cls(None, tuple(noise), k, None, None, "no tokens were compared")
-        if len(noise) < 2:
-            return cls(drift, tuple(noise), k, None, None,
-                       f"the noise needs at least 2 repeats, {len(noise)} measured "
-                       "(--repeats 3 or more)")
-        mean, sd = statistics.fmean(noise), statistics.stdev(noise)
-        threshold = max(mean + k * sd, RESOLUTION)
-        above = drift > threshold
+    def judge(cls, drift: list[float], noise: list[float], k: float = DEFAULT_K,
+              repeats: tuple[float, ...] = ()) -> Verdict:
+        mean = statistics.fmean(drift) if drift else None
+        if mean is None:
+            return cls(None, repeats, k, None, None, "no tokens were compared")
+        if len(noise) < 2 or len(repeats) < 2:
+            return cls(mean, repeats, k, None, None,
+                       f"the noise needs at least 2 replays to compare, {len(repeats)} "
+                       "measured (--repeats 3 or more)")
+        threshold, base, se = _threshold(drift, noise, k)
+        above = mean > threshold
         confidence = 100 * statistics.NormalDist().cdf(k)
-        why = (f"drift {drift:.3g} {'>' if above else '<='} noise {mean:.3g} + {k:g} x "
-               f"{sd:.3g}{' (floored at the resolution)' if threshold == RESOLUTION else ''}"
-               f" = {threshold:.3g} ({len(noise)} repeats; {confidence:.2f}% one-sided if "
-               "the noise is normal)")
-        return cls(drift, tuple(noise), k, threshold, above, why)
+        floor = " (floored at the resolution)" if threshold == RESOLUTION else ""
+        why = (f"drift {mean:.3g} {'>' if above else '<='} noise {base:.3g} + {k:g} x "
+               f"{se:.3g}{floor} = {threshold:.3g} ({len(drift)} tokens against "
+               f"{len(noise)} of {len(repeats) + 1} replays; {confidence:.2f}% one-sided, "
+               "nominal)")
+        return cls(mean, repeats, k, threshold, above, why)
+
+
+def _threshold(drift: list[float], noise: list[float], k: float) -> tuple[float, float, float]:
+    """(threshold, noise mean, the combined standard error)."""
+    base = statistics.fmean(noise)
+    se = math.sqrt(statistics.variance(noise) / len(noise)
+                   + (statistics.variance(drift) / len(drift) if len(drift) > 1 else 0.0))
+    return max(base + k * se, RESOLUTION), base, se
+
+
+def exceeds(drift: list[float], noise: list[float], k: float = DEFAULT_K) -> bool:
+    """The verdict's test alone: is this drift above that noise?"""
+    return bool(drift) and len(noise) >= 2 and statistics.fmean(drift) > _threshold(
+        drift, noise, k)[0]
+
+
+def noise_threshold(noise: list[float], k: float = DEFAULT_K) -> float:
+    """Above this a group's mean drift (of as many tokens as the noise has) is real: the
+    same test with the drift's spread taken to be the noise's."""
+    return _threshold(noise, noise, k)[0] if len(noise) >= 2 else RESOLUTION
 
 
 def interval(value: float, noise: list[float], k: float = DEFAULT_K) -> tuple[float, float]:

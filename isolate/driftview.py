@@ -1,23 +1,18 @@
 """A drift measurement for people: a table, and an inline SVG chart of the drift by
-position (for `patchset probe --kind drift --format html` and the audit's HTML report).
+position (`patchset probe --kind drift --format html`).
 
-The chart is plain SVG text: no script, nothing fetched, so it renders in a mail client
-or an air-gapped browser as it does anywhere. The y axis is log10 of the per-token
-estimator (a drift of 1e-6 and one of 1e-3 differ by what matters: orders of magnitude),
-the x axis the token's position in the sequence; positions are binned (the mean of each
-bin is a point) so a 32k-token run stays a few hundred points. The noise threshold is a
-dashed line: points above it are drift, below it the server disagreeing with itself.
+The chart is auditor/render/chart.py's `svg`, the one the audit's HTML report draws too
+(the audit may not import isolate/, so the function lives there): plain SVG text, no
+script, nothing fetched; log10 of the per-token estimator by token position, binned, the
+noise threshold a dashed line.
 """
 
 from __future__ import annotations
 
 import html as htmlmod
-import math
 from typing import Any
 
-FLOOR = 1e-16                  # log10 of 0 is not drawable: the chart's bottom
-WIDTH, HEIGHT, PAD = 640, 240, 48
-BINS = 160
+from auditor.render.chart import svg
 
 
 def _fmt(value: float | None, spec: str = ".3g") -> str:
@@ -57,67 +52,6 @@ def table(outcome: Any) -> list[str]:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
-
-
-def svg(points: list[tuple[int, float]], threshold: float | None, title: str) -> str:
-    """The chart of (position, estimator) points, binned; empty input gives an empty
-    chart that says so."""
-    esc = htmlmod.escape
-    if not points:
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-                f'role="img" aria-label="{esc(title)}"><text x="{PAD}" y="{HEIGHT // 2}">'
-                "no tokens compared</text></svg>")
-    bins = _binned(points)
-    lo_x, hi_x = bins[0][0], max(bins[-1][0], bins[0][0] + 1)
-    ys = [_log(v) for _, v in bins] + ([_log(threshold)] if threshold else [])
-    lo_y, hi_y = math.floor(min(ys)), math.ceil(max(ys) + 1e-9)
-    hi_y = max(hi_y, lo_y + 1)
-
-    def x(pos: float) -> float:
-        return PAD + (pos - lo_x) / (hi_x - lo_x) * (WIDTH - 2 * PAD)
-
-    def y(val: float) -> float:
-        return HEIGHT - PAD + (lo_y - _log(val)) / (hi_y - lo_y) * (HEIGHT - 2 * PAD)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-           f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{esc(title)}" '
-           'class="drift-chart">',
-           f'<text x="{PAD}" y="16" font-size="12">{esc(title)}</text>',
-           f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" '
-           'stroke="#444"/>',
-           f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#444"/>']
-    for tick in range(lo_y, hi_y + 1):
-        ty = y(10.0 ** tick)
-        out.append(f'<text x="4" y="{ty + 4:.1f}" font-size="10">1e{tick}</text>')
-    for pos in (lo_x, (lo_x + hi_x) // 2, hi_x):
-        out.append(f'<text x="{x(pos) - 10:.1f}" y="{HEIGHT - PAD + 14}" font-size="10">'
-                   f"{pos}</text>")
-    out.append(f'<text x="{WIDTH // 2 - 40}" y="{HEIGHT - 8}" font-size="10">token '
-               "position</text>")
-    if threshold:
-        ty = y(threshold)
-        out.append(f'<line class="noise" x1="{PAD}" y1="{ty:.1f}" x2="{WIDTH - PAD}" '
-                   f'y2="{ty:.1f}" stroke="#c00" stroke-dasharray="4 3"/>')
-    path = " ".join(f"{x(p):.1f},{y(v):.1f}" for p, v in bins)
-    out.append(f'<polyline fill="none" stroke="#06c" points="{path}"/>')
-    out += [f'<circle class="point" cx="{x(p):.1f}" cy="{y(v):.1f}" r="1.8" fill="#06c" '
-            f'data-position="{p}" data-drift="{v:.6g}"/>' for p, v in bins]
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def _binned(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    ordered = sorted(points)
-    size = max(1, math.ceil(len(ordered) / BINS))
-    out = []
-    for i in range(0, len(ordered), size):
-        chunk = ordered[i:i + size]
-        out.append((chunk[0][0], sum(v for _, v in chunk) / len(chunk)))
-    return out
-
-
-def _log(value: float) -> float:
-    return math.log10(max(value, FLOOR))
 
 
 def html(outcome: Any) -> str:

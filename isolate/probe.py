@@ -9,14 +9,18 @@
     python3 -m isolate.probe throughput --url URL --parallel 32
         N parallel 256-token generations; prints completion tokens per second
 
-Each prints one JSON line and exits 0 (pass) or 1 (fail); a server that cannot be reached
-exits 3. `--api-key` or $SGLANG_API_KEY is sent as a bearer token. Run it before and after
-each isolation step and compare.
+Each prints one JSON line and exits 0 (pass) or 1 (fail, an HTTP error status included);
+a server that cannot be reached exits 3. `--api-key` or $SGLANG_API_KEY is sent as a
+bearer token. Run it before and after each isolation step and compare. `--url` is a direct
+connection from this machine (deploy/tunnel.py DirectEndpoint).
 
 `patchset probe` runs the context-fidelity pair below (`fidelity`): a multi-turn recall
 with tools in the request (the shape of an agent session, where context loss is first
 reported) and a single long-context needle per size; every result keeps its evidence
 (prompt size sent and seen, answer, latency) so a pass/fail can be argued from the JSON.
+Every request goes to an HTTP endpoint (deploy/tunnel.py): `--url` directly, an inventory
+host's router (else decode) through the host's own SSH connection, so a server bound to
+the host's 127.0.0.1, or a host known only by an ssh-config alias, is probed as well.
 """
 
 from __future__ import annotations
@@ -29,35 +33,53 @@ import re
 import secrets
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from auditor.model import ProbeResult, size_label
+from deploy.tunnel import DirectEndpoint, EndpointError, HttpEndpoint, endpoint_for, role_target
+from patchset.errors import HostUnreachable, PatchsetError, UsageError
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
           "deployment notes and checks the queue once more. ")
 
 
-def chat(url: str, messages: list[dict], max_tokens: int, key: str | None,
+CHAT_PATH = "/v1/chat/completions"
+
+
+class HttpStatus(Exception):
+    """The server answered a chat completion with an HTTP error status."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.body = status, body
+
+    def text(self) -> str:
+        """Enough of the body to redact a key in it whole before it is clipped for show."""
+        return self.body[:4096].decode("utf-8", "replace").replace("\n", " ")
+
+
+def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str | None,
          timeout: float = 600, **extra: Any) -> dict:
+    """One chat completion through `endpoint` (deploy/tunnel.py); an HTTP error status is
+    HttpStatus, no answer HostUnreachable, a body that is not JSON ValueError."""
     body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
                        "temperature": 0, **extra}).encode()
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", body, headers)
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return json.loads(resp.read())
+    reply = endpoint.request("POST", CHAT_PATH, body, headers, timeout=timeout)
+    if not 200 <= reply.status < 300:
+        raise HttpStatus(reply.status, reply.body)
+    return json.loads(reply.body)
 
 
 def _text(reply: dict) -> str:
     return reply["choices"][0]["message"].get("content") or ""
 
 
-def needle(url: str, tokens: int, key: str | None) -> dict:
+def needle(endpoint: HttpEndpoint, tokens: int, key: str | None) -> dict:
     token = "NEEDLE-" + secrets.token_hex(3).upper()
     messages = [{"role": "user", "content": f"Remember this: the token is {token}."},
                 {"role": "assistant", "content": "Noted."}]
@@ -71,27 +93,28 @@ def needle(url: str, tokens: int, key: str | None) -> dict:
         turn += 1
     messages.append({"role": "user", "content": "What was the token in turn 1? Answer with "
                                                 "the token only."})
-    reply = chat(url, messages, 32, key)
+    reply = chat(endpoint, messages, 32, key)
     answer = _text(reply)
     return {"probe": "needle", "ok": token in answer, "token": token, "answer": answer[:200],
             "prompt_words": words, "turns": turn, "usage": reply.get("usage")}
 
 
-def greedy(url: str, max_tokens: int, key: str | None) -> dict:
+def greedy(endpoint: HttpEndpoint, max_tokens: int, key: str | None) -> dict:
     messages = [{"role": "user", "content": "Write a detailed, step by step explanation of "
                                             "how a hash map handles collisions."}]
-    first, second = (_text(chat(url, messages, max_tokens, key)) for _ in range(2))
+    first, second = (_text(chat(endpoint, messages, max_tokens, key)) for _ in range(2))
     same = first == second
     diverge = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b),
                    None if same else min(len(first), len(second)))
     return {"probe": "greedy", "ok": same, "chars": len(first), "diverges_at": diverge}
 
 
-def throughput(url: str, parallel: int, key: str | None) -> dict:
+def throughput(endpoint: HttpEndpoint, parallel: int, key: str | None) -> dict:
     messages = [{"role": "user", "content": "Count slowly from one to five hundred."}]
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=min(parallel, 64)) as pool:
-        replies = list(pool.map(lambda _: chat(url, messages, 256, key), range(parallel)))
+        replies = list(pool.map(lambda _: chat(endpoint, messages, 256, key),
+                                range(parallel)))
     elapsed = time.monotonic() - start
     done = sum((r.get("usage") or {}).get("completion_tokens", 0) for r in replies)
     return {"probe": "throughput", "ok": done > 0, "requests": parallel,
@@ -118,7 +141,10 @@ QUESTION = "What was the token I gave you in turn 1? Answer with the token only.
 
 @dataclass
 class FidelitySpec:
-    """What `patchset probe` asked for; the endpoint is a URL or an inventory host."""
+    """What `patchset probe` asked for; the endpoint is a URL (a direct connection), an
+    inventory host (its router, else decode, through its SSH connection), or `endpoint`,
+    one the caller holds (`audit --probe`: the resolver's, on the connection the audit
+    gathered through; the caller closes it)."""
 
     url: str | None = None
     host: str | None = None
@@ -127,11 +153,12 @@ class FidelitySpec:
     sizes: tuple[int, ...] = DEFAULT_SIZES
     api_key_env: str | None = None
     timeout: float = 600.0
+    endpoint: HttpEndpoint | None = None
 
 
 @dataclass
 class FidelityReport:
-    url: str
+    url: str                        # where the requests went (the endpoint's describe())
     host: str | None
     results: list[ProbeResult] = field(default_factory=list)
 
@@ -174,7 +201,7 @@ _URL = re.compile(r"(https?)://([A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{
 
 def parse_url(text: str, option: str = "--url") -> str:
     """An endpoint the probes may POST to: http(s)://HOST[:PORT][/PATH], nothing else
-    (urllib would also open file:// and ftp:// URLs), without the trailing slash."""
+    (no file:// or ftp://, no user:password@), without the trailing slash."""
     from patchset.errors import UsageError
     match = _URL.fullmatch(text)
     if not match or (match.group(3) and not 0 < int(match.group(3)) < 65536):
@@ -195,13 +222,29 @@ def parse_kinds(kind: str | None, option: str = "--kind") -> tuple[str, ...]:
 
 def fidelity(spec: FidelitySpec) -> FidelityReport:
     """Resolve the endpoint and key, run the asked probes; failures are results, not
-    exceptions, so one report always comes back (bad input is a UsageError)."""
-    url = spec.url.rstrip("/") if spec.url else endpoint(spec.host, spec.inventory)
+    exceptions, so one report always comes back (bad input is a UsageError). An endpoint
+    opened here (its own SSH connection, for an inventory host) is closed at the end."""
     key = api_key(spec.api_key_env)
-    report = FidelityReport(url=url, host=spec.host)
-    for probe, args in planned(spec):
-        report.results.append(_guarded(probe, url, key, spec.timeout, *args))
+    endpoint = spec.endpoint or open_endpoint(spec.url, spec.host, spec.inventory)
+    try:
+        report = FidelityReport(url=endpoint.describe(), host=spec.host)
+        for probe, args in planned(spec):
+            report.results.append(_guarded(probe, endpoint, key, spec.timeout, *args))
+    finally:
+        if spec.endpoint is None:
+            endpoint.close()
     return report
+
+
+def open_endpoint(url: str | None, host: str | None, inventory: str | None) -> HttpEndpoint:
+    """`--url` as a direct connection, else the inventory host's router (else decode)
+    through an SSH connection of the endpoint's own (localhost: direct)."""
+    if url:
+        return DirectEndpoint(parse_url(url))
+    entry = inventory_host(host, inventory)
+    if role_target(entry) is None:
+        raise _no_role(host)
+    return endpoint_for(entry)
 
 
 def planned(spec: FidelitySpec) -> list[tuple[Any, tuple]]:
@@ -228,8 +271,8 @@ def not_run(spec: FidelitySpec, host: str | None, reason: str) -> FidelityReport
     return report
 
 
-def endpoint(host: str | None, inventory: str | None) -> str:
-    """The OpenAI-compatible endpoint of an inventory host: its router, else its decode."""
+def inventory_host(host: str | None, inventory: str | None) -> Any:
+    """The inventory entry (deploy.inventory.Host) `patchset probe HOST` names."""
     from deploy.inventory import load
     from patchset.errors import UsageError
     if not host:
@@ -238,16 +281,26 @@ def endpoint(host: str | None, inventory: str | None) -> str:
     if host not in inv.hosts:
         raise UsageError(f"probe: {host!r} is not in the inventory "
                          f"({inv.path or 'no hosts.yaml'}); use --url for other servers")
-    url = role_url(inv.hosts[host])
+    return inv.hosts[host]
+
+
+def _no_role(host: str | None) -> PatchsetError:
+    return UsageError(f"probe: hosts.{host}.roles has no router or decode port; "
+                      "add one or use --url")
+
+
+def endpoint(host: str | None, inventory: str | None) -> str:
+    """`http://ADDRESS:PORT` of an inventory host's router, else its decode, dialled from
+    here (what `patchset bisect` still sends its fidelity probe to)."""
+    url = role_url(inventory_host(host, inventory))
     if url is None:
-        raise UsageError(f"probe: hosts.{host}.roles has no router or decode port; "
-                         "add one or use --url")
+        raise _no_role(host)
     return url
 
 
 def role_url(entry: Any) -> str | None:
-    """`http://ADDRESS:PORT` of an inventory host's router role, else its decode role;
-    None when neither declares a port (`patchset audit --probe` then asks the facts)."""
+    """`http://ADDRESS:PORT` of an inventory host's router role, else its decode role, as
+    seen from here; None when neither declares a port."""
     for role in ("router", "decode"):
         port = (entry.roles.get(role) or {}).get("port")
         if port:
@@ -266,37 +319,42 @@ def api_key(name: str | None) -> str | None:
     value = os.environ.get(name)
     if not value:
         raise UsageError(f"--api-key-env {name}: the variable is not set")
+    if not value.isascii() or not value.isprintable():
+        raise UsageError(f"--api-key-env {name}: the key is not printable ASCII (a bearer "
+                         "token cannot carry it)")
     return value
 
 
-def _guarded(probe, url: str, key: str | None, timeout: float, *args: Any) -> ProbeResult:
+def _guarded(probe, endpoint: HttpEndpoint, key: str | None, timeout: float,
+             *args: Any) -> ProbeResult:
     """Run one probe; a transport or HTTP failure becomes a failed result naming it."""
+    where = endpoint.describe()
     try:
-        return probe(url, key, timeout, *args)
-    except urllib.error.HTTPError as exc:
-        error, unreachable = f"HTTP {exc.code}: {_body(exc)}", False
-    except (urllib.error.URLError, OSError) as exc:
-        error, unreachable = f"cannot reach {url}: {getattr(exc, 'reason', exc)}", True
+        return probe(endpoint, key, timeout, *args)
+    except HttpStatus as exc:
+        error, unreachable = f"HTTP {exc.status}: {exc.text()}", False
+    except HostUnreachable as exc:
+        error, unreachable = f"cannot reach {where}: {_reason(exc, where)}", True
+    except EndpointError as exc:                 # an answer, but not bounded HTTP
+        error, unreachable = str(exc), False
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         error, unreachable = f"not an OpenAI chat completion: {exc}", False
     name = _probe_name(probe, args)
     error = _clip(_redact(error, key), ERROR_CHARS)
     return ProbeResult(probe=name.split("@")[0], name=name, ok=False, reason=error,
                        expected="", error=error, unreachable=unreachable,
-                       size_tokens=args[0] if args else None, url=url)
+                       size_tokens=args[0] if args else None, url=where)
+
+
+def _reason(exc: Exception, where: str) -> str:
+    """An endpoint's failure without the `WHERE: ` it starts with (the result says it)."""
+    text = str(exc)
+    return text[len(where) + 2:] if text.startswith(where + ": ") else text
 
 
 def _probe_name(probe: Any, args: tuple) -> str:
     name = probe.__name__.replace("needle_at", "needle")
     return name + (f"@{size_label(args[0])}" if args else "")
-
-
-def _body(exc: urllib.error.HTTPError) -> str:
-    """Enough of the body to redact a key in it whole before it is clipped for show."""
-    try:
-        return exc.read()[:4096].decode("utf-8", "replace").replace("\n", " ")
-    except OSError:
-        return str(exc.reason)
 
 
 def _redact(text: str, key: str | None) -> str:
@@ -308,21 +366,23 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def recall(url: str, key: str | None, timeout: float = 600.0) -> ProbeResult:
+def recall(endpoint: HttpEndpoint, key: str | None, timeout: float = 600.0) -> ProbeResult:
     """Plant a token in turn 1 of an agent-shaped chat (tools defined, one tool round
     trip), ask for it after several turns: catches a server that drops history."""
     token = "RECALL-" + secrets.token_hex(4).upper()
     messages = recall_messages(token, RECALL_FILLER_TURNS)
-    return _ask("recall", "recall", url, key, timeout, token, messages, None, tools=True)
+    return _ask("recall", "recall", endpoint, key, timeout, token, messages, None,
+                tools=True)
 
 
-def needle_at(url: str, key: str | None, timeout: float, size: int) -> ProbeResult:
+def needle_at(endpoint: HttpEndpoint, key: str | None, timeout: float,
+              size: int) -> ProbeResult:
     """Plant a token at the very start of a prompt of about `size` tokens and ask for it
     last: a server that cuts or windows the context loses the start first."""
     token = "NEEDLE-" + secrets.token_hex(4).upper()
     messages = needle_messages(token, size)
-    return _ask("needle", f"needle@{size_label(size)}", url, key, timeout, token, messages,
-                size, tools=False)
+    return _ask("needle", f"needle@{size_label(size)}", endpoint, key, timeout, token,
+                messages, size, tools=False)
 
 
 def recall_messages(token: str, filler_turns: int) -> list[dict]:
@@ -358,11 +418,11 @@ def needle_messages(token: str, size: int) -> list[dict]:
             {"role": "user", "content": QUESTION}]
 
 
-def _ask(probe: str, name: str, url: str, key: str | None, timeout: float, token: str,
-         messages: list[dict], size: int | None, tools: bool) -> ProbeResult:
+def _ask(probe: str, name: str, endpoint: HttpEndpoint, key: str | None, timeout: float,
+         token: str, messages: list[dict], size: int | None, tools: bool) -> ProbeResult:
     extra: dict[str, Any] = {"tools": TOOLS} if tools else {}
     start = time.monotonic()
-    reply = chat(url, messages, ANSWER_TOKENS, key, timeout, **extra)
+    reply = chat(endpoint, messages, ANSWER_TOKENS, key, timeout, **extra)
     latency = round((time.monotonic() - start) * 1000, 1)
     message = reply["choices"][0]["message"]
     answer = (message.get("content") or "").strip()
@@ -373,7 +433,8 @@ def _ask(probe: str, name: str, url: str, key: str | None, timeout: float, token
     return ProbeResult(probe=probe, name=name, ok=ok, reason=reason, expected=token,
                        answer=_clip(_redact(answer, key), ANSWER_CHARS), size_tokens=size,
                        words_sent=sent, prompt_tokens=seen, latency_ms=latency,
-                       turns=sum(m["role"] == "user" for m in messages), tools=tools, url=url)
+                       turns=sum(m["role"] == "user" for m in messages), tools=tools,
+                       url=endpoint.describe())
 
 
 def _verdict(token: str, answer: str, reasoning: str, sent: int,
@@ -392,41 +453,74 @@ def _verdict(token: str, answer: str, reasoning: str, sent: int,
 
 # ---------------------------------------------------------------- audit --probe
 
+# How `audit --probe` opens a host's endpoint: connect(spec, at=None) is the host's
+# inventory role (router, else decode), connect(spec, at=(ADDRESS, PORT)) that address and
+# port as seen from the host; the CLI passes deploy.resolve.Hosts.endpoint, so the probes
+# travel on the SSH connection the audit gathers facts through (one host-key check).
+Connect = Callable[..., HttpEndpoint]
+
+
+class _PerHost:
+    """Where an audit plan sends a host's probes (auditor.api.HostProbes.endpoint)."""
+
+    connect: Connect
+    specs: dict[str, str]                 # the transport's name for a host -> the spec given
+    by_role: frozenset[str]               # hosts whose inventory role has a port
+
+    def endpoint(self, host: str, at: tuple[str, int] | None) -> HttpEndpoint | None:
+        """The host's inventory role when it has a port (as `patchset probe HOST`), else
+        `at`, where its facts say an SGLang server listens (as seen from the host); None
+        when neither."""
+        spec = self.specs.get(host, host)
+        if host in self.by_role:
+            return self.connect(spec, at=None)
+        return self.connect(spec, at=at) if at else None
+
+
 @dataclass
-class AuditProbes:
+class AuditProbes(_PerHost):
     """What `audit --probe` asked for, as the audit calls it (auditor.api.HostProbes): the
-    probes (`spec`, its endpoint left empty) and the endpoint of each host the inventory
-    gives one (router, else decode port: as `patchset probe HOST`); the audit finds the
-    endpoint of other hosts in their facts (rank.entry_url) and passes it to `run`."""
+    probes (`spec`, its endpoint left empty) and how each host's endpoint is opened
+    (`endpoint`); `run` sends them there and closes the endpoint."""
 
     spec: FidelitySpec
-    urls: dict[str, str] = field(default_factory=dict)
+    connect: Connect
+    specs: dict[str, str] = field(default_factory=dict)
+    by_role: frozenset[str] = frozenset()
 
-    def run(self, host: str, url: str) -> list[ProbeResult]:
-        return fidelity(dataclasses.replace(self.spec, url=url, host=host)).results
+    def run(self, host: str, endpoint: HttpEndpoint) -> list[ProbeResult]:
+        try:
+            return fidelity(dataclasses.replace(self.spec, endpoint=endpoint,
+                                                host=host)).results
+        finally:
+            endpoint.close()
 
     def not_run(self, host: str, reason: str) -> list[ProbeResult]:
         return not_run(self.spec, host, reason).results
 
 
 @dataclass
-class DriftAuditProbes:
+class DriftAuditProbes(_PerHost):
     """`audit --probe drift`: the drift probe (isolate/drift.py) against each host's
     endpoint, as one record per host (probe[drift]: evidence the numbers)."""
 
     spec: Any                             # isolate.drift.DriftSpec
+    connect: Connect
     key_env: str | None = None
-    urls: dict[str, str] = field(default_factory=dict)
+    specs: dict[str, str] = field(default_factory=dict)
+    by_role: frozenset[str] = frozenset()
 
-    def run(self, host: str, url: str) -> list[ProbeResult]:
+    def run(self, host: str, endpoint: HttpEndpoint) -> list[ProbeResult]:
         from .drift import probe_drift
-        from .httpjson import UrlClient
-        started = time.monotonic()
+        from .httpjson import EndpointClient
+        url, started = endpoint.describe(), time.monotonic()
         try:
-            outcome = probe_drift(UrlClient(url, api_key(self.key_env)), self.spec)
+            outcome = probe_drift(EndpointClient(endpoint, api_key(self.key_env)), self.spec)
         except Exception as exc:          # noqa: BLE001 - a failed probe is a record
             return [self._result(url, False, f"the drift probe failed: {exc}", str(exc),
                                  started)]
+        finally:
+            endpoint.close()
         if outcome.unreachable:
             return [self._result(url, False, "the endpoint could not be reached",
                                  outcome.error, started, unreachable=True)]
@@ -449,30 +543,29 @@ class DriftAuditProbes:
 
 
 def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeout: float,
-                 inventory: Any, specs: list[str]) -> "AuditProbes | DriftAuditProbes | None":
+                 inventory: Any, specs: list[str],
+                 connect: Connect) -> "AuditProbes | DriftAuditProbes | None":
     """`--probe KIND [--probe-sizes S] [--api-key-env NAME]` as the audit's probes, checked
     before any host is contacted (bad input is exit 2, not a report full of failed probes).
-    The key itself stays in the environment: the spec holds only the variable's name."""
+    The key itself stays in the environment: the spec holds only the variable's name.
+    `connect` opens a host's endpoint (Connect above)."""
     from patchset.errors import UsageError
     if kind is None:
         if sizes or key_env:
             raise UsageError("--probe-sizes and --api-key-env need --probe recall|needle|all")
         return None
     api_key(key_env)
-    urls = {}
-    for name in specs:
-        host = inventory.resolve(name)
-        url = role_url(host)
-        if url:
-            urls[host.name] = url           # the transport's name for it (local -> localhost)
+    hosts = {name: inventory.resolve(name) for name in specs}
+    names = {host.name: name for name, host in hosts.items()}   # local -> localhost
+    by_role = frozenset(host.name for host in hosts.values() if role_target(host))
     if kind == "drift":
         from .drift import DriftSpec
         return DriftAuditProbes(DriftSpec(sizes=parse_sizes(sizes, "--probe-sizes"),
-                                          timeout=timeout), key_env, urls)
+                                          timeout=timeout), connect, key_env, names, by_role)
     spec = FidelitySpec(kinds=parse_kinds(kind, "--probe"),
                         sizes=parse_sizes(sizes, "--probe-sizes"), api_key_env=key_env,
                         timeout=timeout)
-    return AuditProbes(spec, urls)
+    return AuditProbes(spec, connect, names, by_role)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,18 +579,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=32)
     parser.add_argument("--api-key", default=os.environ.get("SGLANG_API_KEY"))
     args = parser.parse_args(argv)
+    key, failed = args.api_key, Exit.FINDINGS
     try:
+        endpoint = DirectEndpoint(parse_url(args.url))
         if args.probe == "needle":
-            result: dict[str, Any] = needle(args.url, args.tokens, args.api_key)
+            result: dict[str, Any] = needle(endpoint, args.tokens, key)
         elif args.probe == "greedy":
-            result = greedy(args.url, args.max_tokens, args.api_key)
+            result = greedy(endpoint, args.max_tokens, key)
         else:
-            result = throughput(args.url, args.parallel, args.api_key)
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        print(json.dumps({"probe": args.probe, "ok": False, "error": str(exc)}))
-        return Exit.UNREACHABLE
-    print(json.dumps(result))
-    return Exit.OK if result["ok"] else Exit.FINDINGS
+            result = throughput(endpoint, args.parallel, key)
+    except HttpStatus as exc:                  # the server answered: a failed probe
+        error = f"HTTP {exc.status}: {exc.text()}"
+    except PatchsetError as exc:               # bad --url (2), no answer (3), not HTTP (4)
+        error, failed = str(exc), exc.exit_code
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        error = f"not an OpenAI chat completion: {exc}"
+    else:
+        print(json.dumps(result))
+        return Exit.OK if result["ok"] else Exit.FINDINGS
+    print(json.dumps({"probe": args.probe, "ok": False,
+                      "error": _clip(_redact(error, key), ERROR_CHARS)}))
+    return failed
 
 
 if __name__ == "__main__":

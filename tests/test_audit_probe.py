@@ -1,32 +1,40 @@
 """`patchset audit --probe`: the context-fidelity probes of `patchset probe`, run by the
 audit against each host's endpoint (stand-in servers on this machine; the host's facts
 are the seed deployment's, replayed), as report records and findings: counted, shown in
-every format, corroborating `--symptom context-loss`, the API key never shown."""
+every format, corroborating `--symptom context-loss`, the API key never shown. Last, on a
+real nspawn host: a stand-in bound to the host's loopback only, probed by `patchset probe
+HOST` and `patchset audit HOST --probe` through the host's SSH connection."""
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 from audit_facts import synth
 from faketransport import FakeTransport
-from hostutil import free_port
+from hostutil import free_port, on_host
 
 from auditor import api, report
 from auditor.rank import Access
 from auditor.render import FORMATS, render
 from deploy.resolve import Hosts
+from deploy.tunnel import DirectEndpoint, role_target
 from isolate import probe
 from isolate.probe import AuditProbes
 from patchset.cli import main
 from tests import test_probe
-from tests.test_probe import SECRET
+from tests.hosts.nspawn import TestHost
+from tests.standin.install import install_standin
+from tests.test_probe import MODEL, SECRET
 
 # test_probe's stand-ins (clean, drop_history, truncate:2000, behind the key SECRET), one
 # set for this module: the same fixture function, registered here under its own name
@@ -78,10 +86,18 @@ def unpatched() -> dict:
 
 
 def plan(url: str | None, kind: str = "recall", sizes: str | None = None,
-         key_env: str | None = None) -> AuditProbes:
+         key_env: str | None = None, asked: list | None = None) -> AuditProbes:
+    """The audit's plan with `url` as HOST's inventory role (None: the inventory gives
+    none, and the facts' address is dialled from here: these stand-ins run on this
+    machine). `asked` collects what the plan asked for: (host, at)."""
     spec = probe.FidelitySpec(kinds=probe.parse_kinds(kind), sizes=probe.parse_sizes(sizes),
                               api_key_env=key_env, timeout=30)
-    return AuditProbes(spec, {HOST: url} if url else {})
+
+    def connect(host: str, at: tuple[str, int] | None = None) -> DirectEndpoint:
+        if asked is not None:
+            asked.append((host, at))
+        return DirectEndpoint(url if at is None else f"http://{at[0]}:{at[1]}")
+    return AuditProbes(spec, connect, by_role=frozenset({HOST} if url else ()))
 
 
 def audited(series, desc: dict, probes: AuditProbes, symptom: str | None = None) -> dict:
@@ -109,13 +125,22 @@ def cli_env(series, tmp_path: Path, monkeypatch) -> dict:
     audit's transport replays facts (`desc`, swapped per test) instead of ssh."""
     monkeypatch.setenv("PATCHSET_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(Path(series.root))
-    env = {"desc": clean_seed(), "hosts": [], "inventory": tmp_path / "hosts.yaml"}
+    env = {"desc": clean_seed(), "hosts": [], "inventory": tmp_path / "hosts.yaml",
+           "endpoints": []}
 
     def transport(resolver, spec: str) -> Replay:
         host = Replay(env["desc"], series, spec)
         env["hosts"].append(host)
         return host
+
+    def endpoint(resolver, spec: str, roles=None, at=None) -> DirectEndpoint:
+        """The role's port on this machine, where the stand-ins run (no sshd to tunnel
+        through here: test_probes_reach_a_loopback_server_through_ssh has one)."""
+        env["endpoints"].append((spec, at))
+        port = at[1] if at else role_target(resolver.inventory.resolve(spec)).port
+        return DirectEndpoint(f"http://127.0.0.1:{port}")
     monkeypatch.setattr(Hosts, "audit_transport", transport)
+    monkeypatch.setattr(Hosts, "endpoint", endpoint)
     return env
 
 
@@ -177,7 +202,7 @@ def test_clean_server_probes_pass_as_records_and_findings(series, stand_ins, cap
                                     ("probe[needle]", f"needle@2k {url}", "pass")]
     evidence = next(f for f in data["findings"] if f["id"] == "probe[recall]")["evidence"]
     assert evidence[0]["value"] == records[0]            # one record, two views
-    assert evidence[0]["command"] == f"POST {url}/v1/chat/completions"
+    assert evidence[0]["command"] == f"POST {url}/v1/chat/completions"     # a direct one
     assert data["summary"]["checks"] == {"pass": 36, "fail": 0, "warn": 0, "unknown": 0}
     assert data["summary"]["exit_code"] == 0
     assert main(["probe", "--url", url, "--kind", "recall", "--json"]) == 0
@@ -220,14 +245,40 @@ def test_unreachable_or_missing_endpoint_is_unknown_not_a_verdict(series) -> Non
 
 
 def test_without_an_inventory_port_the_facts_choose_the_endpoint(series, stand_ins) -> None:
-    """The prefill's base_url (P/D, no router): the URL the symptom's probe step names."""
+    """The prefill's base_url (P/D, no router): the URL the symptom's probe step names;
+    the plan is asked for it as the host sees it (its loopback), not as a URL from here."""
     desc = clean_seed()
-    desc["servers"][0]["port"] = int(stand_ins["clean"].rsplit(":", 1)[1])
-    data = audited(series, desc, plan(None), "context-loss")
+    port = int(stand_ins["clean"].rsplit(":", 1)[1])
+    desc["servers"][0]["port"] = port
+    asked: list = []
+    data = audited(series, desc, plan(None, asked=asked), "context-loss")
+    assert asked == [(HOST, ("127.0.0.1", port))]
     assert data["hosts"][0]["probes"][0]["url"] == stand_ins["clean"]
     assert data["hosts"][0]["probes"][0]["ok"]
     step = data["symptom"]["next_steps"][-1]
     assert step["command"] == f"patchset probe --url {stand_ins['clean']} --sizes 8k,16k,32k"
+
+
+def test_drift_plan_measures_through_the_endpoint_it_opens(series, stand_ins) -> None:
+    """`audit --probe drift` (DriftAuditProbes): the inventory role asked of `connect`, the
+    drift probe's /generate requests sent through that endpoint, one record per host."""
+    from deploy.inventory import Host, Inventory
+    url = stand_ins["clean"]
+    roles = {"decode": {"port": int(url.rsplit(":", 1)[1])}}
+    inventory = Inventory(None, {HOST: Host(name=HOST, address="10.0.0.9", roles=roles)}, None)
+    asked: list = []
+
+    def connect(spec: str, at: tuple[str, int] | None = None) -> DirectEndpoint:
+        asked.append((spec, at))
+        return DirectEndpoint(url)
+    drift = probe.audit_probes("drift", "1k", None, 30, inventory, [HOST], connect)
+    data = audited(series, clean_seed(), drift)
+    [record] = data["hosts"][0]["probes"]
+    assert asked == [(HOST, None)]
+    assert (record["probe"], record["url"], record["unreachable"]) == ("drift", url, False)
+    assert record["error"] is None and record["drift"]["verdict"]
+    evidence = next(f for f in data["findings"] if f["id"] == "probe[drift]")["evidence"]
+    assert evidence[0]["command"] == f"POST {url}/generate"
 
 
 def test_context_loss_ranking_says_the_probe_reproduced_it(series, stand_ins) -> None:
@@ -292,6 +343,7 @@ def test_cli_probe_exit_codes_follow_the_probe(cli_env: dict, stand_ins, capsys)
     assert code == 0, err
     assert [(r["name"], r["ok"], r["url"]) for r in data["hosts"][0]["probes"]] == [
         ("needle@1k", True, stand_ins["clean"])]
+    assert cli_env["endpoints"] == [(HOST, None)]        # the resolver's, for HOST's role
     inv = inventory(cli_env, stand_ins["drop"])
     code, out, err = cli(capsys, "audit", HOST, "--inventory", inv, "--probe", "recall",
                          "--format", "md", "-o", str(cli_env["inventory"].parent / "r.md"))
@@ -360,3 +412,104 @@ def test_cli_api_key_is_used_and_never_shown(cli_env: dict, stand_ins, echo_key,
     assert leaked["answer"] == "your key: <redacted>" and not leaked["ok"]
     for text in texts:
         assert SECRET not in text and OPAQUE_KEY not in text
+
+
+# ---------------------------------------------------------------- through a host's SSH
+
+# The stand-in's address on the host. Test hosts share this machine's network namespace
+# (tests/hosts/nspawn.py; test_tunnel.py says so too), and a host's SSH address is this
+# machine's 127.0.0.1: a server on the host's 127.0.0.1 would be reachable from here as
+# well, so it listens on 127.0.0.2 only. What the test shows: the probes go to the address
+# as the host sees it, inside the host's SSH connection, while a direct connection to the
+# host's address is refused.
+BIND = "127.0.0.2"
+STANDIN_UNIT = "probe-standin"
+
+
+@pytest.fixture(scope="module")
+def loopback_host(host_factory, pinned_base) -> Iterator[dict]:
+    """One host for the module, running the stand-in on BIND:PORT (a transient unit); the
+    pinned SGLang source copied in for the stand-in to read."""
+    [host] = host_factory.start(1, prefix="probe")
+    shutil.copytree(pinned_base.repo / "python", host.live_root / "opt/sglang/python",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    python = install_standin(host)
+    port = free_port()
+    on_host(host, f"systemd-run --unit={STANDIN_UNIT} -p Type=exec "
+            f"-p Environment=STANDIN_STARTUP_DELAY=0.2 {python} -m sglang.launch_server "
+            f"--model-path {MODEL} --host {BIND} --port {port} && for i in $(seq 200); do "
+            f"curl -sf http://{BIND}:{port}/health && exit 0; sleep 0.1; done; exit 1")
+    yield {"host": host, "port": port}
+    host_factory.stop([host])
+
+
+@pytest.fixture()
+def ssh_env(loopback_host: dict, series, tmp_path: Path, monkeypatch,
+            known_hosts_file) -> dict:
+    """The host's key known, no user ssh config, cwd = the series; `write(roles)` writes
+    hosts.yaml naming the host (with those roles) and returns its path."""
+    host: TestHost = loopback_host["host"]
+    (tmp_path / "ssh_config").write_text("")
+    monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(tmp_path / "ssh_config"))
+    monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(known_hosts_file([host])))
+    monkeypatch.setenv("PATCHSET_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(Path(series.root))
+    path = tmp_path / "hosts.yaml"
+
+    def write(roles: dict | None) -> str:
+        entry = {"address": host.ip, "port": host.port, "user": "root",
+                 "identity_file": str(host.client_key), **({"roles": roles} if roles else {})}
+        path.write_text(yaml.safe_dump({"version": 1, "hosts": {host.name: entry}}))
+        return str(path)
+    return {**loopback_host, "write": write,
+            "via": f"{host.name} {BIND}:{loopback_host['port']} via ssh"}
+
+
+def ssh_logins(host: TestHost) -> int:
+    """SSH logins the host's sshd accepted so far (read inside the host, not over ssh)."""
+    res = host.exec(["journalctl", "-o", "cat", "--no-pager", "_COMM=sshd"])
+    return res.stdout.count("Accepted publickey for root")
+
+
+def logins_during(host: TestHost, action) -> tuple[object, int]:
+    """(what `action()` returned, the SSH logins it made)."""
+    before = ssh_logins(host)
+    out = action()
+    time.sleep(0.5)                                 # journald has the sshd line by now
+    return out, ssh_logins(host) - before
+
+
+def test_probes_reach_a_loopback_server_through_ssh(ssh_env: dict, capsys) -> None:
+    """`patchset probe HOST` and `patchset audit HOST --probe recall` (the inventory's
+    decode role, else the facts' listening address) reach a server a direct connection
+    cannot; the audit's probes share its one SSH connection (one login)."""
+    host: TestHost = ssh_env["host"]
+    direct = f"http://{host.ip}:{ssh_env['port']}"
+    code, out, err = cli(capsys, "probe", "--url", direct, "--kind", "recall", "--json")
+    assert code == 3 and json.loads(out)["results"][0]["error"] == \
+        f"cannot reach {direct}: unreachable (Connection refused)"
+
+    roles = ssh_env["write"]({"decode": {"port": ssh_env["port"], "host": BIND}})
+    code, out, err = cli(capsys, "probe", host.name, "--inventory", roles, "--sizes", "1k",
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert (result["host"], result["url"]) == (host.name, ssh_env["via"])
+    assert [(r["name"], r["ok"], r["url"]) for r in result["results"]] == [
+        ("recall", True, ssh_env["via"]), ("needle@1k", True, ssh_env["via"])]
+
+    for inventory in (roles, ssh_env["write"](None)):     # the role, then the facts
+        (code, out, err), logins = logins_during(host, lambda: cli(
+            capsys, "audit", host.name, "--inventory", inventory, "--probe", "recall",
+            "--format", "json"))
+        data = json.loads(out)
+        assert report.validate(data) == [] and code != 3, err
+        assert data["summary"]["unreachable"] == []
+        [record] = data["hosts"][0]["probes"]
+        assert (record["name"], record["ok"], record["url"]) == ("recall", True,
+                                                                 ssh_env["via"])
+        assert record["answer"] == record["expected"]
+        assert probe_findings(data) == [("probe[recall]", f"recall {ssh_env['via']}", "pass")]
+        evidence = next(f for f in data["findings"] if f["id"] == "probe[recall]")["evidence"]
+        assert evidence[0]["command"] == f"POST /v1/chat/completions to {ssh_env['via']}"
+        assert logins == 1                          # facts and probes: one connection

@@ -71,7 +71,7 @@ def test_drift_above_noise_with_the_rule_within_without_and_ab(launch, rules, tm
 def test_the_chart_is_inline_svg_with_its_points(launch, rules, capsys) -> None:  # noqa: F811
     url = serve(launch, rules, True)
     code, out, _ = cli(capsys, "probe", "--url", url, "--kind", "drift", "--sizes", "1k",
-                       "--output-tokens", "32", "--format", "html")
+                       "--output-tokens", "48", "--format", "html")
     assert code == 1
     assert out.startswith("<!doctype html>") and "<script" not in out and "http" not in \
         out.split("<pre>")[0]
@@ -79,7 +79,7 @@ def test_the_chart_is_inline_svg_with_its_points(launch, rules, capsys) -> None:
     assert out.count('class="point"') >= 30 and 'class="noise"' in out
     assert 'data-position="' in out and "DRIFT above the noise" in out
     code, out, _ = cli(capsys, "probe", "--url", url, "--kind", "drift", "--sizes", "1k",
-                       "--output-tokens", "32")
+                       "--output-tokens", "48")
     assert code == 1 and "verdict: DRIFT above the noise" in out and "ops-1k/turn-1" in out
 
 

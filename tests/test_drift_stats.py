@@ -6,12 +6,14 @@ text on every run."""
 from __future__ import annotations
 
 import math
+import random
+import statistics
 
 import pytest
 
 from isolate import conversations, driftsearch
-from isolate.driftstats import (RESOLUTION, Verdict, compare, estimator, interval, percentile,
-                                pooled)
+from isolate.driftstats import (RESOLUTION, Verdict, compare, estimator, exceeds, interval,
+                                noise_threshold, percentile, pooled)
 
 
 def test_estimator_is_kl_test_utils():
@@ -37,15 +39,22 @@ def test_compare_buckets_top1_and_first_divergence():
 
 
 def test_verdict_uses_the_noise_and_says_how():
-    noise = [1e-6, 1.2e-6, 0.8e-6]
-    above = Verdict.judge(5e-6, noise)
-    assert above.above is True and above.threshold == pytest.approx(1e-6 + 3 * 2e-7)
-    assert "99.87% one-sided" in above.why and "3 repeats" in above.why
-    assert Verdict.judge(1.3e-6, noise).above is False
-    assert Verdict.judge(1e-3, [1e-6]).above is None          # too few repeats: no verdict
-    exact = Verdict.judge(1e-20, [0.0, 0.0])                  # bitwise-identical replays
+    rng = random.Random(7)
+    noise = [rng.expovariate(1e6) for _ in range(400)]          # mean 1e-6, per token
+    repeats = (1.0e-6, 1.05e-6)
+    shifted = [v + 4e-7 for v in noise[:200]]
+    above = Verdict.judge(shifted, noise, repeats=repeats)
+    assert above.above is True and above.threshold < 1.4e-6
+    assert "99.87% one-sided" in above.why and "200 tokens against 400 of 3 replays" in above.why
+    same = Verdict.judge([rng.expovariate(1e6) for _ in range(200)], noise, repeats=repeats)
+    assert same.above is False
+    assert exceeds(shifted, noise) and not exceeds(noise[:200], noise)
+    assert Verdict.judge(shifted, noise, repeats=(1e-6,)).above is None   # one replay pair
+    exact = Verdict.judge([1e-20] * 10, [0.0] * 20, repeats=(0.0, 0.0))   # identical replays
     assert exact.above is False and exact.threshold == RESOLUTION
-    assert interval(1e-5, noise) == (pytest.approx(1e-5 - 6e-7), pytest.approx(1e-5 + 6e-7))
+    assert noise_threshold(noise) > statistics.fmean(noise)
+    assert interval(1e-5, [1e-6, 1.2e-6, 0.8e-6]) == (pytest.approx(1e-5 - 6e-7),
+                                                       pytest.approx(1e-5 + 6e-7))
 
 
 def additive(contrib: dict[str, float], threshold: float):
@@ -68,6 +77,21 @@ def test_one_culprit_in_at_most_log2_n_plus_1_states(n):
         [mine] = [c for c in found.contributions if c.suspect == culprit]
         assert mine.value == pytest.approx(2e-4) and mine.low < 2e-4 < mine.high
         assert {c.suspect for c in found.contributions} == set(names)
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_gates_first_keeps_the_bound_and_needs_no_revert_for_a_gated_culprit(n):
+    names = [f"p{i}" for i in range(n)]
+    bound = math.ceil(math.log2(n)) + 1
+    for gated in range(1, n):
+        cheap = frozenset(names[:gated])
+        for culprit in names:
+            found = driftsearch.search(names, additive({culprit: 2e-4}, 1e-6), 1e-6, 1e-7,
+                                       cheap=cheap)
+            assert found.culprits == [culprit] and found.restarts <= bound
+            if culprit in cheap and 2 ** (math.ceil(math.log2(n)) - 1) >= gated >= \
+                    n - 2 ** (math.ceil(math.log2(n)) - 1):
+                assert all(set(g) <= cheap for g in found.states), (n, gated, found.states)
 
 
 def test_two_culprits_both_attributed_with_their_shares():

@@ -119,16 +119,23 @@ def test_truncated_context_is_caught_at_the_size_it_bites(servers, capsys) -> No
 
 
 def test_inventory_host_uses_its_decode_port(servers, tmp_path: Path, capsys) -> None:
+    """`localhost` in the inventory is this machine: a direct connection to its role's
+    port (an SSH host's goes through its SSH connection: test_audit_probe's host test)."""
     port = servers["clean"].rsplit(":", 1)[1]
     inventory = tmp_path / "hosts.yaml"
-    inventory.write_text(f"version: 1\nhosts:\n  lab:\n    address: 127.0.0.1\n"
-                         f"    roles:\n      decode: {{port: {port}}}\n")
-    code, report, err = probe(capsys, "lab", "--inventory", str(inventory), "--kind", "recall",
-                              "--json")
+    inventory.write_text(f"version: 1\nhosts:\n  localhost:\n    address: localhost\n"
+                         f"    roles:\n      decode: {{port: {port}}}\n"
+                         "  bare:\n    address: 10.0.0.9\n    roles:\n"
+                         "      prefill: {port: 30000}\n")
+    code, report, err = probe(capsys, "localhost", "--inventory", str(inventory), "--kind",
+                              "recall", "--json")
     assert code == 0, err
-    assert report["host"] == "lab" and report["url"] == servers["clean"]
+    assert report["host"] == "localhost" and report["url"] == servers["clean"]
+    assert report["results"][0]["url"] == servers["clean"]
     code, _, err = probe(capsys, "ghost", "--inventory", str(inventory))
     assert code == 2 and "'ghost' is not in the inventory" in err
+    code, _, err = probe(capsys, "bare", "--inventory", str(inventory))
+    assert code == 2 and "hosts.bare.roles has no router or decode port" in err
     code, _, err = probe(capsys, "lab", "--url", servers["clean"])
     assert code == 2 and "exactly one of HOST or --url" in err
     code, _, err = probe(capsys, "--url", servers["clean"], "--sizes", "8q")
@@ -158,4 +165,33 @@ def test_unreachable_endpoint_exits_3(capsys) -> None:
     port = free_port()
     code, report, _ = probe(capsys, "--url", f"http://127.0.0.1:{port}", "--kind", "recall",
                             "--json")
-    assert code == 3 and report["unreachable"] and "cannot reach" in report["results"][0]["error"]
+    assert code == 3 and report["unreachable"]
+    assert report["results"][0]["error"] == (f"cannot reach http://127.0.0.1:{port}: "
+                                             "unreachable (Connection refused)")
+
+
+def test_the_next_step_scripts_send_to_a_direct_url(servers, capsys) -> None:
+    """`python3 -m isolate.probe needle|greedy|throughput --url` (the symptoms' next steps):
+    a DirectEndpoint; an HTTP error status is a failed probe (1), no answer 3, a bad URL 2;
+    the key never shown."""
+    from isolate.probe import main as script
+
+    def run(*argv: str) -> tuple[int, dict]:
+        code = script(list(argv))
+        return code, json.loads(capsys.readouterr().out)
+    code, result = run("needle", "--url", servers["clean"] + "/", "--tokens", "500")
+    assert code == 0 and result["ok"] and result["answer"] == result["token"]
+    code, result = run("greedy", "--url", servers["clean"], "--max-tokens", "64")
+    assert code == 0 and result["ok"] and result["chars"] > 0
+    code, result = run("throughput", "--url", servers["clean"], "--parallel", "4")
+    assert code == 0 and result["requests"] == 4 and result["completion_tokens"] > 0
+    code, result = run("needle", "--url", servers["keyed"], "--tokens", "100", "--api-key",
+                       "not-" + SECRET)
+    assert code == 1 and result["error"].startswith("HTTP 401: ")
+    assert SECRET not in json.dumps(result)
+    port = free_port()
+    code, result = run("greedy", "--url", f"http://127.0.0.1:{port}")
+    assert code == 3 and result["error"] == (f"http://127.0.0.1:{port}: unreachable "
+                                             "(Connection refused)")
+    code, result = run("greedy", "--url", "file:///etc/passwd")
+    assert code == 2 and "expected http(s)://HOST[:PORT][/PATH]" in result["error"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from ..model import PROBE_EVIDENCE, size_label
+from . import chart
 
 
 def when(epoch: Any) -> str:
@@ -145,3 +147,76 @@ def probe_of(finding: dict) -> dict | None:
     """The probe record a finding carries as evidence (probe[...] findings), else None."""
     return next((ev["value"] for ev in finding["evidence"] if ev["what"] == PROBE_EVIDENCE
                  and isinstance(ev["value"], dict)), None)
+
+
+# ---------------------------------------------------------------- drift (--probe drift, --measured)
+
+def drift_charts(host: dict) -> list[dict]:
+    """Per drift probe of the host ({title, svg}): the drift by token position, overall
+    and per sequence, against the noise threshold (`points` of the record; a record
+    without them shows its position buckets' means as bars)."""
+    out = []
+    for record in host.get("probes") or []:
+        figures = record.get("drift")
+        if record.get("probe") != "drift" or not isinstance(figures, dict):
+            continue
+        verdict = figures.get("verdict") if isinstance(figures.get("verdict"), dict) else {}
+        threshold = _number(verdict.get("threshold"))
+        where = f" at {record['url']}" if record.get("url") else ""
+        parts = [(f"overall{where}: drift by position", figures.get("overall"))]
+        parts += [(str(s.get("name", "sequence")), s) for s in figures.get("sequences") or []
+                  if isinstance(s, dict)]
+        for title, figure in parts:
+            if isinstance(figure, dict):
+                out.append({"title": title, "svg": _position_chart(figure, threshold, title)})
+    return out
+
+
+def _position_chart(figure: dict, threshold: float | None, title: str) -> str:
+    points = [(int(p[0]), float(p[1])) for p in figure.get("points") or []
+              if isinstance(p, (list, tuple)) and len(p) == 2
+              and all(_number(v) is not None for v in p)]
+    if points or "points" in figure:
+        return chart.svg(points, threshold, title)
+    buckets = figure.get("buckets") if isinstance(figure.get("buckets"), dict) else {}
+    return chart.bars([(label, _number(b.get("mean")), _number(b.get("mean")),
+                        _number(b.get("p99")))
+                       for label, b in buckets.items() if isinstance(b, dict)],
+                      threshold, f"{title} (mean by position bucket, to p99)")
+
+
+def measured(data: dict) -> list[dict]:
+    """Each `--measured` bisect: {run, contributions, steps} (two bar charts: each
+    suspect's contribution with its interval, each test state's A/B drift)."""
+    symptom = data.get("symptom") or {}
+    out = []
+    for run in symptom.get("measured") or []:
+        threshold = _number(run.get("threshold"))
+        where = f"{run['host']}, bisect {run['id']}"
+        out.append({
+            "run": run,
+            "contributions": chart.bars(
+                [(c["suspect"], _number(c["value"]), _number(c["low"]), _number(c["high"]))
+                 for c in run["contributions"]], threshold,
+                f"measured contribution per suspect ({where})"),
+            "steps": chart.bars(
+                [(f"step {st['number']}", _number(st["ab"]), None, None)
+                 for st in run["steps"]], threshold,
+                f"A/B drift of each test state against the start ({where})")})
+    return out
+
+
+def measured_cell(suspect: dict) -> str:
+    """A suspect's measured contributions, one phrase per host ("-" when unmeasured)."""
+    parts = []
+    for m in suspect.get("measured") or []:
+        value = "cleared" if m["value"] is None else f"{m['value']:.3g}"
+        verdict = "above the noise" if m["above"] else "within the noise"
+        parts.append(f"{m['host']}: {value} [{m['low']:.3g}, {m['high']:.3g}] {verdict}")
+    return "; ".join(parts) or "-"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None

@@ -37,22 +37,31 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                                                     "environment variable"),
           probe_timeout: float = SecondsOpt(600.0, "--probe-timeout", help="seconds per "
                                               "probe request"),
+          measured: Optional[List[Path]] = typer.Option(None, "--measured", help="a "
+                                                        "`patchset bisect HOST --probe "
+                                                        "drift` report of an audited host: "
+                                                        "its measured contributions rank "
+                                                        "the --symptom's suspects "
+                                                        "(repeatable)"),
           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
           accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Gather live facts (one round trip per host), give every patch its effective state,
     run the checks (and with --probe the fidelity probes of `patchset probe`), rank
     suspects for a symptom. Exit 0 clean, 1 findings (a failed probe too), 3 unreachable."""
     from auditor import cli_support
+    from auditor.measured import load_all as load_measured
     from auditor.render import render
     from isolate.probe import audit_probes
     s = load(series)
     cli_support.check_format(fmt)
+    runs = load_measured(measured or [], hosts, s, symptom)     # before any host is contacted
     with resolver_for(s, inventory, target, accept_new) as resolver:
         plan = audit_probes(probe, probe_sizes, api_key_env, probe_timeout,
-                            resolver.inventory, hosts)
+                            resolver.inventory, hosts, resolver.endpoint)
         transports = [resolver.audit_transport(h) for h in hosts]
         report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
-                                             plan, inventory_file=inventory, series_file=series)
+                                             plan, inventory_file=inventory, series_file=series,
+                                             measured=runs)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:

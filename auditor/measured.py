@@ -1,0 +1,177 @@
+"""`patchset audit --measured FILE`: a bisect by drift's report, read and checked.
+
+The file is what `patchset bisect HOST --probe drift` saves (isolate/bisect.py,
+BisectReport.to_json, strategy `group-testing`): the host, the bisect's id, per suspect
+its contribution `{suspect, value, low, high, how}`, and the steps, each with its probes
+`[A/B drift report, prefill-vs-decode report]` (isolate/drift.py DriftReport.to_json;
+step 0, the baseline, holds the starting state's report, whose verdict's threshold is the
+noise every contribution is judged against). Only the fields the audit uses are read,
+each checked; a bad file is one line naming the file and the field (exit 2), before any
+host is contacted. The ranking (auditor/rank.py) reads the typed record, model.Measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from patchset import inputfile
+from patchset.errors import ManifestError, UsageError
+from patchset.model import Series
+
+from .model import HOW_ATTRIBUTED, HOW_CLEARED, Contribution, Measured, MeasuredStep
+from .policy import AuditDataError
+
+STRATEGY = "group-testing"
+LOCAL = {"local": "localhost"}          # host specs that name the same host
+
+
+class MeasuredError(AuditDataError):
+    """A --measured file is not a bisect-by-drift report of this audit (exit 2)."""
+
+
+def load_all(paths: Sequence[str | Path], hosts: Sequence[str], series: Series,
+             symptom: str | None) -> tuple[Measured, ...]:
+    """Every `--measured FILE`, checked against the audited hosts and the series; one
+    report per host."""
+    if paths and not symptom:
+        raise UsageError("--measured needs --symptom: the measured contributions rank "
+                         "that symptom's suspects")
+    out: list[Measured] = []
+    for path in paths:
+        run = load(path, hosts, series)
+        twin = next((m for m in out if m.host == run.host), None)
+        if twin is not None:
+            raise MeasuredError(f"--measured {path}: host: {run.host} is measured by "
+                                f"{twin.source} too (give one bisect report per host)")
+        out.append(run)
+    return tuple(out)
+
+
+def load(path: str | Path, hosts: Sequence[str], series: Series) -> Measured:
+    where = f"--measured {path}"
+    try:
+        text = inputfile.read_text(path, inputfile.DATA_LIMIT, "bisect report")
+    except ManifestError as exc:
+        raise MeasuredError(f"--measured {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeasuredError(f"{where}: line {exc.lineno}: not JSON ({exc.msg})") from None
+    return parse(data, str(path), hosts, series)
+
+
+def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measured:
+    where = f"--measured {source}"
+    if not isinstance(data, dict) or "strategy" not in data:
+        raise MeasuredError(f"{where}: not a bisect report (the JSON `patchset bisect HOST "
+                            "--probe drift` saves)")
+    f = _Fields(where)
+    strategy = f.text(data, "strategy")
+    if strategy != STRATEGY:
+        raise MeasuredError(f"{where}: strategy: {strategy!r}, not {STRATEGY!r} (a bisect "
+                            "by drift: `patchset bisect HOST --probe drift`)")
+    host = f.text(data, "host")
+    audited = {LOCAL.get(h, h) for h in hosts}
+    if LOCAL.get(host, host) not in audited:
+        raise MeasuredError(f"{where}: host: {host!r} is not among the audited hosts "
+                            f"({', '.join(hosts)})")
+    patches = set(series.by_name())
+    contributions = []
+    for i, item in enumerate(f.items(data, "contributions")):
+        at = f"contributions[{i}]"
+        c = Contribution(suspect=f.text(item, "suspect", at), value=f.number(item, "value", at,
+                                                                              null=True),
+                         low=f.number(item, "low", at), high=f.number(item, "high", at),
+                         how=f.text(item, "how", at))
+        if c.suspect not in patches:
+            raise MeasuredError(f"{where}: {at}.suspect: {c.suspect!r} is not a patch of the "
+                                f"series ({series.manifest})")
+        if c.how not in HOW_ATTRIBUTED + HOW_CLEARED:
+            raise MeasuredError(f"{where}: {at}.how: {c.how!r} is not one of "
+                                f"{', '.join(HOW_ATTRIBUTED + HOW_CLEARED)}")
+        contributions.append(c)
+    threshold, steps = None, []
+    for i, step in enumerate(f.items(data, "steps")):
+        at = f"steps[{i}]"
+        action = f.text(step, "action", at)
+        probes = f.items(step, "probes", at)
+        if action == "baseline" and probes:
+            verdict = f.mapping(probes[0], "verdict", f"{at}.probes[0]")
+            threshold = f.number(verdict, "threshold", f"{at}.probes[0].verdict", null=True)
+        elif action == "group":
+            ab = None
+            if probes:
+                overall = f.mapping(f.mapping(probes[0], "overall", f"{at}.probes[0]"),
+                                    "overall", f"{at}.probes[0].overall")
+                ab = f.number(overall, "mean", f"{at}.probes[0].overall.overall", null=True)
+            ok = step.get("probe_ok")
+            steps.append(MeasuredStep(int(f.number(step, "number", at)),
+                                      f.text(step, "change", at), ab,
+                                      ok if isinstance(ok, bool) else None))
+    if contributions and threshold is None:
+        raise MeasuredError(f"{where}: steps[0].probes[0].verdict.threshold: missing: the "
+                            "baseline's noise threshold judges every contribution")
+    culprit = data.get("culprit")
+    if culprit is not None and not (isinstance(culprit, dict) and
+                                    isinstance(culprit.get("patch"), str)):
+        raise MeasuredError(f"{where}: culprit: expected null or an object with a patch")
+    return Measured(source=source, host=LOCAL.get(host, host), id=f.text(data, "id"),
+                    probe=str(data.get("probe") or "drift"),
+                    symptom=str(data.get("symptom") or ""), threshold=threshold,
+                    contributions=tuple(contributions), steps=tuple(steps),
+                    culprit=culprit["patch"] if culprit else None,
+                    verdict=str(data.get("verdict") or ""))
+
+
+class _Fields:
+    """Typed reads of a JSON object's fields; a wrong one is a MeasuredError naming it."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def _get(self, obj: Any, key: str, at: str) -> Any:
+        name = f"{at}.{key}" if at else key
+        if not isinstance(obj, dict):
+            raise MeasuredError(f"{self.where}: {at or '(top)'}: expected an object")
+        if key not in obj:
+            raise MeasuredError(f"{self.where}: {name}: missing")
+        return obj[key], name
+
+    def text(self, obj: Any, key: str, at: str = "") -> str:
+        value, name = self._get(obj, key, at)
+        if not isinstance(value, str) or not value:
+            raise MeasuredError(f"{self.where}: {name}: expected a non-empty string, got "
+                                f"{_shown(value)}")
+        return value
+
+    def number(self, obj: Any, key: str, at: str = "", null: bool = False) -> Any:
+        """A finite number >= 0, as a float (None where `null` allows it)."""
+        value, name = self._get(obj, key, at)
+        if value is None and null:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise MeasuredError(f"{self.where}: {name}: expected a number >= 0"
+                                f"{' or null' if null else ''}, got {_shown(value)}")
+        return float(value)
+
+    def items(self, obj: Any, key: str, at: str = "") -> list:
+        value, name = self._get(obj, key, at)
+        if not isinstance(value, list):
+            raise MeasuredError(f"{self.where}: {name}: expected a list, got {_shown(value)}")
+        return value
+
+    def mapping(self, obj: Any, key: str, at: str = "") -> dict:
+        value, name = self._get(obj, key, at)
+        if not isinstance(value, dict):
+            raise MeasuredError(f"{self.where}: {name}: expected an object, got "
+                                f"{_shown(value)}")
+        return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:39] + "\u2026"

@@ -3,15 +3,21 @@
 The file is what `patchset bisect HOST --probe drift` saves (isolate/bisect.py,
 BisectReport.to_json, strategy `group-testing`): the host, the bisect's id, per suspect
 its contribution `{suspect, value, low, high, how}`, and the steps, each with its probes
-`[A/B drift report, prefill-vs-decode report]` (isolate/drift.py DriftReport.to_json;
-step 0, the baseline, holds the starting state's report, whose verdict's threshold is the
-noise every contribution is judged against). Only the fields the audit uses are read,
-each checked; a bad file is one line naming the file and the field (exit 2), before any
-host is contacted. The ranking (auditor/rank.py) reads the typed record, model.Measured.
+`[A/B drift report, prefill-vs-decode report]` (isolate/drift.py DriftReport.to_json), and
+the culprit. Only the fields the audit uses are read, each checked; a bad file is one line
+naming the file and the field (exit 2), before any host is contacted. The ranking
+(auditor/rank.py) reads the typed record, model.Measured.
+
+Which contributions are above the noise: the search gives a suspect a value only once its
+drift exceeded the search's threshold (driftsearch.search: a group above it is split, a
+group within it is cleared whole), except the lone suspect of a one-candidate bisect,
+whose value is measured either way: that one is above when it is the culprit. A report
+that also records the threshold (`threshold`, a number) is judged by it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -93,15 +99,12 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
             raise MeasuredError(f"{where}: {at}.how: {c.how!r} is not one of "
                                 f"{', '.join(HOW_ATTRIBUTED + HOW_CLEARED)}")
         contributions.append(c)
-    threshold, steps = None, []
+    steps = []
     for i, step in enumerate(f.items(data, "steps")):
         at = f"steps[{i}]"
         action = f.text(step, "action", at)
         probes = f.items(step, "probes", at)
-        if action == "baseline" and probes:
-            verdict = f.mapping(probes[0], "verdict", f"{at}.probes[0]")
-            threshold = f.number(verdict, "threshold", f"{at}.probes[0].verdict", null=True)
-        elif action == "group":
+        if action == "group":
             ab = None
             if probes:
                 overall = f.mapping(f.mapping(probes[0], "overall", f"{at}.probes[0]"),
@@ -111,19 +114,33 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
             steps.append(MeasuredStep(int(f.number(step, "number", at)),
                                       f.text(step, "change", at), ab,
                                       ok if isinstance(ok, bool) else None))
-    if contributions and threshold is None:
-        raise MeasuredError(f"{where}: steps[0].probes[0].verdict.threshold: missing: the "
-                            "baseline's noise threshold judges every contribution")
     culprit = data.get("culprit")
     if culprit is not None and not (isinstance(culprit, dict) and
                                     isinstance(culprit.get("patch"), str)):
         raise MeasuredError(f"{where}: culprit: expected null or an object with a patch")
+    culprit = culprit["patch"] if culprit else None
+    threshold = f.number(data, "threshold", null=True) if "threshold" in data else None
     return Measured(source=source, host=LOCAL.get(host, host), id=f.text(data, "id"),
                     probe=str(data.get("probe") or "drift"),
                     symptom=str(data.get("symptom") or ""), threshold=threshold,
-                    contributions=tuple(contributions), steps=tuple(steps),
-                    culprit=culprit["patch"] if culprit else None,
+                    contributions=tuple(_judged(contributions, threshold, culprit)),
+                    steps=tuple(steps), culprit=culprit,
                     verdict=str(data.get("verdict") or ""))
+
+
+def _judged(contributions: list[Contribution], threshold: float | None,
+            culprit: str | None) -> list[Contribution]:
+    """Each contribution with `above` set (the module's docstring says how)."""
+    out = []
+    for c in contributions:
+        if c.value is None:
+            above = False
+        elif threshold is not None:
+            above = c.value > threshold
+        else:
+            above = len(contributions) > 1 or c.suspect == culprit
+        out.append(dataclasses.replace(c, above=above))
+    return out
 
 
 class _Fields:

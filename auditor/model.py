@@ -198,6 +198,7 @@ class Contribution:
     low: float                       # the interval (value +- k sigma of the noise)
     high: float
     how: str                         # measured | inferred | cleared-group | not-needed
+    above: bool = False              # above the bisect's noise threshold: it carries drift
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ class Measured:
     id: str                          # the bisect's id
     probe: str                       # drift
     symptom: str                     # the symptom the bisect ranked its candidates for
-    threshold: float | None          # the starting state's noise threshold
+    threshold: float | None          # the search's noise threshold, when the report has it
     contributions: tuple[Contribution, ...]
     steps: tuple[MeasuredStep, ...]
     culprit: str | None

@@ -127,10 +127,8 @@ def _measure(item: _Scored, runs: list[Measured]) -> None:
     for run in runs:
         c = run.contribution(item.name)
         if c is not None:
-            above = c.value is not None and run.threshold is not None \
-                and c.value > run.threshold
             found.append(MeasuredContribution(run.host, run.id, run.source, c.value, c.low,
-                                              c.high, c.how, run.threshold, above))
+                                              c.high, c.how, run.threshold, c.above))
         elif run.host in item.hosts:
             notes.append(f"not measured on {run.host} (bisect {run.id}): it was not among "
                          "that bisect's candidates")
@@ -149,7 +147,8 @@ def _measure(item: _Scored, runs: list[Measured]) -> None:
 
 def _measured_why(m: MeasuredContribution, band: int) -> str:
     where = f"measured on {m.host} (bisect {m.bisect}, {m.source})"
-    limit = f"the noise threshold {_g(m.threshold)}"
+    limit = f"the noise threshold {_g(m.threshold)}" if m.threshold is not None \
+        else "the noise"
     interval = f"[{_g(m.low)}, {_g(m.high)}]"
     if m.above:
         return (f"{where}: contribution {_g(m.value)} {interval} ({m.how}), above {limit}: "

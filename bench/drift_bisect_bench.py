@@ -28,28 +28,50 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "standin" / "payload"))
 
 from isolate import driftsearch                                   # noqa: E402
-from isolate.driftstats import Verdict, compare, pooled             # noqa: E402
+from isolate.driftstats import compare, noise_threshold            # noqa: E402
 
 
-def toy_measure(tokens: int, culprit_of: dict[str, bool]):
-    """A measure() over the toy: S = every suspect in (the culprit's rule on)."""
-    from sglang_standin import toy                                  # noqa: E402
-    model = toy.Model()
-    prompt = model.tokenizer.encode(" ".join(f"w{i % 97}" for i in range(tokens)))
+def toy_states(tokens: int, output: int) -> dict[bool, tuple[list[float], list[float]]]:
+    """The toy's numbers for the two kinds of state there are: the culprit's rule on (its
+    patch still in) or off. For each, the prefill logprobs of the starting state's tokens
+    (A/B) and the decode logprobs of a generation (prefill vs decode); base: rule on."""
+    from sglang_standin import toy
+    rule = toy.Runner(toy.Numerics({"state": "bf16"}, 1e-6))
+    plain = toy.Runner(toy.Numerics({}, 1e-6))
+    prompt = [0] + rule.tokenizer.encode(" ".join(f"w{i % 89}" for i in range(tokens)),
+                                         add_special_tokens=False)
+    first = rule.run(toy.Request(prompt, output, temperature=1.0, sampling_seed=1,
+                                 ignore_eos=True, return_logprob=True,
+                                 logprob_start_len=len(prompt)))
+    seq = prompt + first.output_ids
 
-    def run(rules: list) -> tuple[list[int], list[float], list[float]]:
-        return model.sample_and_replay(prompt, 64, rules)
+    def prefill(runner: "toy.Runner") -> list[float]:
+        done = runner.run(toy.Request(seq, 0, return_logprob=True,
+                                      logprob_start_len=len(prompt) - 1))
+        return [v for v, _ in done.input_token_logprobs][-output:]
 
-    s_rules = [toy.Rule("state", "bf16")] if any(culprit_of.values()) else []
-    base_ids, _, base_prefill = run(s_rules)
+    decode = [v for v, _ in first.output_token_logprobs]
+    return {True: (prefill(rule), decode), False: (prefill(plain), prefill(plain))}, \
+        prefill(rule), len(prompt)
+
+
+def toy_measure(numbers: tuple, culprit: str):
+    states, base, start = numbers
 
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
-        rules = [] if any(culprit_of[g] for g in group) else s_rules
-        _, decode, prefill = model.replay_and_decode(prompt, base_ids, rules)
-        ab = compare(prefill, base_prefill, len(prompt)).overall.mean or 0.0
-        pd = compare(prefill, decode, len(prompt)).overall.mean or 0.0
-        return driftsearch.Measurement(ab, pd <= 1e-12)
+        rule_on = culprit not in group
+        prefill, decode = states[rule_on]
+        ab = compare(prefill, base, start).overall.mean or 0.0
+        pd = compare(prefill, decode, start).overall.mean or 0.0
+        return driftsearch.Measurement(ab, pd <= threshold_of(numbers))
     return measure
+
+
+def threshold_of(numbers: tuple) -> float:
+    """The noise: two replays of the starting state's tokens on the starting state."""
+    states, base, start = numbers
+    noise = [v for _, v in compare(states[True][0], base, start).points]
+    return noise_threshold(noise)
 
 
 def main() -> None:
@@ -59,13 +81,13 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     rows = []
+    numbers = toy_states(args.tokens, 64)
+    threshold = threshold_of(numbers)
     for n in range(2, args.max_n + 1):
         names = [f"s{i + 1}" for i in range(n)]
         group, single = [], []
         for culprit in names:
-            measure = toy_measure(args.tokens, {x: x == culprit for x in names})
-            found = driftsearch.search(names, measure, Verdict.judge(0.0, [0.0, 0.0]).threshold,
-                                       0.0)
+            found = driftsearch.search(names, toy_measure(numbers, culprit), threshold, 0.0)
             assert found.culprits == [culprit], (n, culprit, found)
             group.append(found.restarts)
             single.append(driftsearch.one_at_a_time(names, culprit))

@@ -116,6 +116,7 @@ class BisectReport:
     saved: str | None = None
     strategy: str = "one-at-a-time"          # | group-testing (--probe drift)
     contributions: list[dict] = field(default_factory=list)   # drift: per suspect
+    threshold: float | None = None           # drift: above it a contribution is real
 
     @property
     def exit_code(self) -> int:
@@ -145,14 +146,18 @@ class BisectProbe:
 
     kinds: tuple[str, ...]
     sizes: tuple[int, ...]
-    url: str
+    endpoint: Any             # deploy.tunnel.HttpEndpoint: the host's, through its SSH
     api_key_env: str | None = None
     timeout: float = 600.0
 
+    @property
+    def url(self) -> str:
+        return self.endpoint.describe()
+
     def run(self) -> tuple[bool, list[dict]]:
         report = probe_mod.fidelity(probe_mod.FidelitySpec(
-            url=self.url, kinds=self.kinds, sizes=self.sizes, api_key_env=self.api_key_env,
-            timeout=self.timeout))
+            endpoint=self.endpoint, kinds=self.kinds, sizes=self.sizes,
+            api_key_env=self.api_key_env, timeout=self.timeout))
         if report.unreachable:
             raise Unreachable("; ".join(r.error or r.reason for r in report.results
                                         if r.unreachable))
@@ -280,6 +285,7 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         return report
     noise = drift.noise(base)
     threshold = driftstats.noise_threshold(noise, probe.spec.k)
+    report.threshold = threshold
     spread = statistics.stdev(noise) / math.sqrt(len(noise))   # of a mean over the tokens
     api.bisect_mark(t.series, t.transport, report.id, _record(report, t))
 

@@ -64,18 +64,8 @@ def client_for(host: str | None, url: str | None, inventory: str | None,
     """The server a drift probe talks to: `--url` directly, else the inventory host's
     router, else its decode role, through the host's SSH connection (`resolver`'s, when
     the command holds one, so there is one connection and one host-key check)."""
-    from deploy.tunnel import DirectEndpoint, endpoint_for
-
-    from .probe import api_key, parse_url
+    from .probe import api_key, open_endpoint
     key = api_key(api_key_env)
-    if url:
-        return EndpointClient(DirectEndpoint(parse_url(url)), key)
-    if resolver is not None:
+    if resolver is not None and not url:
         return EndpointClient(resolver.endpoint(host), key)
-    from deploy.inventory import load
-    from patchset.errors import UsageError
-    inv = load(inventory)
-    if not host or host not in inv.hosts:
-        raise UsageError(f"probe: {host!r} is not in the inventory "
-                         f"({inv.path or 'no hosts.yaml'}); use --url for other servers")
-    return EndpointClient(endpoint_for(inv.hosts[host]), key)
+    return EndpointClient(open_endpoint(url, host, inventory), key)

@@ -75,11 +75,16 @@ def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str
     return json.loads(reply.body)
 
 
+def direct(target: HttpEndpoint | str) -> HttpEndpoint:
+    """An endpoint as given, or a URL (`--url`) as a direct connection to it."""
+    return DirectEndpoint(parse_url(target)) if isinstance(target, str) else target
+
+
 def _text(reply: dict) -> str:
     return reply["choices"][0]["message"].get("content") or ""
 
 
-def needle(endpoint: HttpEndpoint, tokens: int, key: str | None) -> dict:
+def needle(target: HttpEndpoint | str, tokens: int, key: str | None) -> dict:
     token = "NEEDLE-" + secrets.token_hex(3).upper()
     messages = [{"role": "user", "content": f"Remember this: the token is {token}."},
                 {"role": "assistant", "content": "Noted."}]
@@ -93,13 +98,14 @@ def needle(endpoint: HttpEndpoint, tokens: int, key: str | None) -> dict:
         turn += 1
     messages.append({"role": "user", "content": "What was the token in turn 1? Answer with "
                                                 "the token only."})
-    reply = chat(endpoint, messages, 32, key)
+    reply = chat(direct(target), messages, 32, key)
     answer = _text(reply)
     return {"probe": "needle", "ok": token in answer, "token": token, "answer": answer[:200],
             "prompt_words": words, "turns": turn, "usage": reply.get("usage")}
 
 
-def greedy(endpoint: HttpEndpoint, max_tokens: int, key: str | None) -> dict:
+def greedy(target: HttpEndpoint | str, max_tokens: int, key: str | None) -> dict:
+    endpoint = direct(target)
     messages = [{"role": "user", "content": "Write a detailed, step by step explanation of "
                                             "how a hash map handles collisions."}]
     first, second = (_text(chat(endpoint, messages, max_tokens, key)) for _ in range(2))
@@ -109,7 +115,8 @@ def greedy(endpoint: HttpEndpoint, max_tokens: int, key: str | None) -> dict:
     return {"probe": "greedy", "ok": same, "chars": len(first), "diverges_at": diverge}
 
 
-def throughput(endpoint: HttpEndpoint, parallel: int, key: str | None) -> dict:
+def throughput(target: HttpEndpoint | str, parallel: int, key: str | None) -> dict:
+    endpoint = direct(target)
     messages = [{"role": "user", "content": "Count slowly from one to five hundred."}]
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=min(parallel, 64)) as pool:
@@ -240,7 +247,7 @@ def open_endpoint(url: str | None, host: str | None, inventory: str | None) -> H
     """`--url` as a direct connection, else the inventory host's router (else decode)
     through an SSH connection of the endpoint's own (localhost: direct)."""
     if url:
-        return DirectEndpoint(parse_url(url))
+        return direct(url)
     entry = inventory_host(host, inventory)
     if role_target(entry) is None:
         raise _no_role(host)
@@ -287,27 +294,6 @@ def inventory_host(host: str | None, inventory: str | None) -> Any:
 def _no_role(host: str | None) -> PatchsetError:
     return UsageError(f"probe: hosts.{host}.roles has no router or decode port; "
                       "add one or use --url")
-
-
-def endpoint(host: str | None, inventory: str | None) -> str:
-    """`http://ADDRESS:PORT` of an inventory host's router, else its decode, dialled from
-    here (what `patchset bisect` still sends its fidelity probe to)."""
-    url = role_url(inventory_host(host, inventory))
-    if url is None:
-        raise _no_role(host)
-    return url
-
-
-def role_url(entry: Any) -> str | None:
-    """`http://ADDRESS:PORT` of an inventory host's router role, else its decode role, as
-    seen from here; None when neither declares a port."""
-    for role in ("router", "decode"):
-        port = (entry.roles.get(role) or {}).get("port")
-        if port:
-            address = "127.0.0.1" if entry.address in ("localhost", "local") else entry.address
-            address = f"[{address}]" if ":" in address else address
-            return f"http://{address}:{port}"
-    return None
 
 
 def api_key(name: str | None) -> str | None:
@@ -526,7 +512,7 @@ class DriftAuditProbes(_PerHost):
                                  outcome.error, started, unreachable=True)]
         rep = outcome.report
         return [self._result(url, rep.verdict.above is False, rep.verdict.why, None, started,
-                             drift=rep.to_json())]
+                             drift=rep.to_json(points=True))]
 
     def not_run(self, host: str, reason: str) -> list[ProbeResult]:
         return [ProbeResult(probe="drift", name="drift", ok=False, reason=reason, expected="",
@@ -581,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     key, failed = args.api_key, Exit.FINDINGS
     try:
-        endpoint = DirectEndpoint(parse_url(args.url))
+        endpoint = direct(args.url)
         if args.probe == "needle":
             result: dict[str, Any] = needle(endpoint, args.tokens, key)
         elif args.probe == "greedy":

@@ -26,8 +26,9 @@ from hostutil import free_port, on_host
 from auditor import api, report
 from auditor.rank import Access
 from auditor.render import FORMATS, render
+from deploy.inventory import Host, Inventory
 from deploy.resolve import Hosts
-from deploy.tunnel import DirectEndpoint, role_target
+from deploy.tunnel import DirectEndpoint, endpoint_for, role_target
 from isolate import probe
 from isolate.probe import AuditProbes
 from patchset.cli import main
@@ -259,10 +260,30 @@ def test_without_an_inventory_port_the_facts_choose_the_endpoint(series, stand_i
     assert step["command"] == f"patchset probe --url {stand_ins['clean']} --sizes 8k,16k,32k"
 
 
+def test_a_listening_address_no_endpoint_takes_is_a_probe_not_run(series) -> None:
+    """The facts are the host's word: a server address no endpoint sends to (the tunnel's
+    check, before any connection) makes each probe a record that says why."""
+    class Odd(Replay):
+        def answer(self, request: dict, on_event=None) -> dict:
+            result = super().answer(request, on_event)
+            for server in result["raw"]["servers"]:
+                server["base_url"] = "http://evil!host:30000"
+            return result
+
+    def connect(spec: str, at: tuple[str, int] | None = None):
+        return endpoint_for(Host(name=spec, address="10.0.0.9"), at=at)
+    spec = probe.FidelitySpec(kinds=("recall",), timeout=5)
+    rep = api.audit(series, [Odd(clean_seed(), series)], None, Access(),
+                    probes=AuditProbes(spec, connect))
+    [record] = report.to_dict(rep)["hosts"][0]["probes"]
+    assert (record["unreachable"], record["url"], record["reason"]) == (
+        True, "", f"no endpoint to probe: {HOST}: 'evil!host' port 30000 is not an address "
+                  "and port to send HTTP to")
+
+
 def test_drift_plan_measures_through_the_endpoint_it_opens(series, stand_ins) -> None:
     """`audit --probe drift` (DriftAuditProbes): the inventory role asked of `connect`, the
     drift probe's /generate requests sent through that endpoint, one record per host."""
-    from deploy.inventory import Host, Inventory
     url = stand_ins["clean"]
     roles = {"decode": {"port": int(url.rsplit(":", 1)[1])}}
     inventory = Inventory(None, {HOST: Host(name=HOST, address="10.0.0.9", roles=roles)}, None)

@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import math
+import random
 import shlex
+import statistics
 from pathlib import Path
 
 import pytest
 from audit_facts import synth
+from hostutil import cli
 
-from auditor import api
+from auditor import api, measured
+from auditor import report as api_report
+from auditor.model import ProbeResult
 from auditor.policy import AuditDataError
 from auditor.rank import Access
+from isolate import drift, driftsearch, driftstats
+from isolate.bisect import BisectReport, BisectStep, save
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 ACCESS = Access(ssh={"gpu1": ["ssh", "-p", "22", "root@10.0.0.5"]},
@@ -183,3 +192,206 @@ def test_only_explicit_files_are_carried(tmp_path) -> None:
 
 def ranked_with(series, desc, access: Access, symptom: str = "context-loss"):
     return api.evaluate(series, [synth.facts(desc, series)], symptom, access).symptom
+
+
+# ---------------------------------------------------------------- measured (--measured)
+#
+# A bisect by drift, computed: each suspect present in a server state shifts the prefill
+# path's logprobs by its delta on its own token positions (so contributions add, the
+# statement the search rests on), replay j of every state has the same batch-order
+# jitter; the states' A/B and prefill-vs-decode reports come from isolate.drift, the
+# search from isolate.driftsearch, the file from isolate.bisect.save: the format
+# `patchset bisect HOST --probe drift` writes.
+
+TOKENS, PROMPTS, JITTER, K = 48, (700, 760), 1e-4, 3.0
+ENDPOINT = "http://10.0.0.5:30000"
+# the bisect's candidates, gated ones first (isolate/bisect.py orders them so)
+ORDER = ["mma-splitk-decode", "triton-dsa-indexer", "mhc-bf16", "default-thinking-reasoning",
+         "indexer-bf16-gemm"]
+# the safe default-thinking-reasoning carries twice the moderate triton-dsa-indexer's shift
+DELTAS = {"triton-dsa-indexer": 0.04, "default-thinking-reasoning": 0.08}
+
+
+def state_run(present: set[str], deltas: dict[str, float] = DELTAS,
+              replays: int = 3) -> drift.DriftRun:
+    sequences = []
+    for s, prompt in enumerate(PROMPTS):
+        decode = [-0.5 - 0.02 * i - 0.1 * s for i in range(TOKENS)]
+        shift = [sum(deltas.get(name, 0.0) for j, name in enumerate(ORDER)
+                     if name in present and i % len(ORDER) == j) for i in range(TOKENS)]
+        lps = []
+        for j in range(replays):
+            rnd = random.Random(1000 * s + j)
+            lps.append([x + d + rnd.gauss(0, JITTER) for x, d in zip(decode, shift)])
+        sequences.append(drift.Sequence(f"ops-1k/turn-{s + 1}", [1] * prompt,
+                                        list(range(TOKENS)), decode, [None] * TOKENS, lps,
+                                        [None] * TOKENS))
+    return drift.DriftRun(ENDPOINT, 0.0, {}, sequences, 1.0)
+
+
+def bisect_file(path: Path, host: str = "gpu1", deltas: dict[str, float] = DELTAS) -> Path:
+    """What `_bisect_drift` records, measured on state_run's states."""
+    base = state_run(set(ORDER), deltas)
+    start = drift.prefill_vs_decode(base, K)
+    noise = drift.noise(base)
+    threshold = driftstats.noise_threshold(noise, K)
+    report = BisectReport(host=host, id=f"b-{host}", probe="drift", url=ENDPOINT,
+                          symptom="decode-quality", started="2026-11-29T12:00:00Z",
+                          starting=list(ORDER), strategy="group-testing")
+    report.steps.append(BisectStep(0, "baseline", "starting state", list(ORDER), [],
+                                   not start.verdict.above, [start.to_json()]))
+
+    def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
+        state = state_run(set(ORDER) - set(group), deltas, replays=1)
+        ab, here = drift.a_b(base, state, K), drift.prefill_vs_decode(state, K)
+        cleared = not driftstats.exceeds([v for _, v in here.overall.points], noise, K)
+        report.steps.append(BisectStep(len(report.steps), "group",
+                                       f"take out {', '.join(group)}, restart",
+                                       [n for n in ORDER if n not in group], [], cleared,
+                                       [ab.to_json(), here.to_json()]))
+        return driftsearch.Measurement(ab.overall.overall.mean or 0.0, cleared)
+
+    found = driftsearch.search(list(ORDER), measure, threshold,
+                               statistics.stdev(noise) / math.sqrt(len(noise)), K)
+    report.contributions = [dataclasses.asdict(c) for c in found.contributions]
+    if found.culprits:
+        top = max(found.contributions, key=lambda c: c.value or 0.0)
+        report.culprit = {"patch": top.suspect, "action": "revert", "contribution": top.value,
+                          "interval": [top.low, top.high]}
+    report.verdict = f"{len(found.culprits)} suspect(s) carry the drift"
+    return save(report, path)
+
+
+def with_measured(series, files: list[Path], hosts: list[str], symptom: str = "decode-quality",
+                  probes: dict | None = None):
+    runs = measured.load_all(files, hosts, series, symptom)
+    facts = [synth.facts(synth.load("seed.yaml"), series, host=h) for h in hosts]
+    return api.evaluate(series, facts, symptom, dataclasses.replace(ACCESS, measured=runs),
+                        probes=probes).symptom
+
+
+def test_measured_contributions_rank_first_and_cleared_suspects_last(series, tmp_path) -> None:
+    path = bisect_file(tmp_path / "bisect.json")
+    values = {c["suspect"]: c for c in json.loads(path.read_text())["contributions"]}
+    carried = sorted((n for n, c in values.items() if c["value"] is not None),
+                     key=lambda n: -values[n]["value"])
+    assert carried == ["default-thinking-reasoning", "triton-dsa-indexer"]   # the deltas
+    sym = with_measured(series, [path], ["gpu1"])
+    # contributions first (the prior weights said 0.5 for triton, 0.25 for the other), the
+    # unmeasured hazard next, the cleared ones last (mhc-bf16's prior 1.5 included)
+    assert names(sym) == carried + ["nvfp4-cutlass-no-swiglu-clamp", "mhc-bf16",
+                                    "mma-splitk-decode", "indexer-bf16-gemm"]
+    by = {s.name: s for s in sym.suspects}
+    assert (by["triton-dsa-indexer"].score, by["default-thinking-reasoning"].score) == (0.5, 0.25)
+    top = by["default-thinking-reasoning"]
+    [m] = top.measured
+    c = values["default-thinking-reasoning"]
+    assert (m.host, m.bisect, m.value, m.low, m.high, m.how, m.above) == (
+        "gpu1", "b-gpu1", c["value"], c["low"], c["high"], "measured", True)
+    assert top.reasons[0] == (
+        f"measured on gpu1 (bisect b-gpu1, {path}): contribution {c['value']:.3g} "
+        f"[{c['low']:.3g}, {c['high']:.3g}] (measured), above the noise: ranked by it, ahead "
+        "of the prior weights")
+    assert top.reasons[1] == "tier safe (weight 0.25), path both"       # the priors follow
+    cleared = by["mhc-bf16"]
+    assert cleared.measured[0].value is None and cleared.measured[0].above is False
+    assert cleared.reasons[0].endswith(": ranked after every unmeasured suspect")
+    assert "cleared with its group" in cleared.reasons[0]
+    assert by["nvfp4-cutlass-no-swiglu-clamp"].measured == ()
+    # the measured ones lead the next steps; a cleared suspect has none there
+    commands = [st.command for st in sym.next_steps]
+    assert sym.next_steps[0].kind == "toggle-gate" and "TRITON_INDEXER" in commands[0]
+    assert any("patchset revert default-thinking-reasoning" in c for c in commands)
+    assert not any("revert mhc-bf16" in c or "MMA_FLASHMLA" in c for c in commands)
+    assert [m.source for m in sym.measured] == [str(path)] and sym.measured[0].ranks
+
+
+def test_a_suspect_cleared_on_one_host_of_two_stays_among_the_unmeasured(series,
+                                                                         tmp_path) -> None:
+    one = with_measured(series, [bisect_file(tmp_path / "a.json")], ["gpu1", "gpu2"])
+    assert names(one)[:2] == ["default-thinking-reasoning", "triton-dsa-indexer"]
+    mhc = next(s for s in one.suspects if s.name == "mhc-bf16")
+    assert mhc.rank == 3 and mhc.reasons[1] == ("also a suspect on gpu2, which no bisect "
+                                                "measured: ranked with the unmeasured suspects")
+    both = with_measured(series, [bisect_file(tmp_path / "a.json"),
+                                  bisect_file(tmp_path / "b.json", host="gpu2")],
+                         ["gpu1", "gpu2"])
+    assert names(both)[-3:] == ["mhc-bf16", "mma-splitk-decode", "indexer-bf16-gemm"]
+    assert [m.host for m in both.suspects[0].measured] == ["gpu1", "gpu2"]
+
+
+def test_a_measurement_ranks_only_the_symptoms_it_bears_on(series, seed, tmp_path) -> None:
+    sym = with_measured(series, [bisect_file(tmp_path / "b.json")], ["gpu1"], "throughput")
+    assert names(sym) == names(ranked(series, seed, "throughput"))
+    assert all(s.measured == () for s in sym.suspects) and sym.measured[0].ranks is False
+
+
+def test_a_drift_probe_that_fails_corroborates_decode_quality(series, seed) -> None:
+    rep = drift.prefill_vs_decode(state_run(set(ORDER)), K)
+    assert rep.verdict.above is True
+    result = ProbeResult(probe="drift", name="drift", ok=False, reason=rep.verdict.why,
+                         expected="prefill and decode within the noise", url=ENDPOINT,
+                         drift=rep.to_json(points=True))
+    sym = api.evaluate(series, [synth.facts(seed, series)], "decode-quality", ACCESS,
+                       probes={"gpu1": [result]}).symptom
+    probe = sym.next_steps[-1]
+    assert probe.why.startswith(f"reproduced by this audit's probes: drift {ENDPOINT} on "
+                                f"gpu1: {rep.verdict.why}")
+    assert probe.command == f"python3 -m isolate.probe greedy --url {ENDPOINT} --max-tokens 2000"
+
+
+def test_bad_measured_files_exit_2_with_one_line_before_any_host(series, tmp_path, capsys,
+                                                                 monkeypatch) -> None:
+    monkeypatch.setenv("PATCHSET_INVENTORY", str(tmp_path / "none.yaml"))
+    monkeypatch.chdir(Path(series.root))
+    host = "root@127.0.0.1:1"                 # contacting it would be exit 3
+    good = json.loads(bisect_file(tmp_path / "good.json", host=host).read_text())
+
+    def written(name: str, data) -> str:
+        path = tmp_path / name
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+        return str(path)
+
+    def edited(**fields) -> dict:
+        return {**copy.deepcopy(good), **fields}
+
+    stranger = edited(contributions=[dict(good["contributions"][0], suspect="no-such-patch")])
+    cases = [
+        (written("x.json", "{not json"), "line 1: not JSON"),
+        (str(tmp_path / "missing.json"), "(file): not found"),
+        (written("list.json", []), "not a bisect report"),
+        (written("one.json", edited(strategy="one-at-a-time")),
+         "strategy: 'one-at-a-time', not 'group-testing'"),
+        (written("host.json", edited(host="gpu9")),
+         f"host: 'gpu9' is not among the audited hosts ({host})"),
+        (written("patch.json", stranger), "contributions[0].suspect: 'no-such-patch' is not "
+         "a patch of the series"),
+        (written("how.json", edited(contributions=[dict(good["contributions"][0],
+                                                         how="guessed")])),
+         "contributions[0].how: 'guessed' is not one of"),
+        (written("value.json", edited(contributions=[dict(good["contributions"][1],
+                                                           value=-1)])),
+         "contributions[0].value: expected a number >= 0 or null, got -1"),
+        (written("steps.json", edited(steps="none")), "steps: expected a list"),
+    ]
+    for path, says in cases:
+        code, out, err = cli(capsys, "audit", host, "--symptom", "decode-quality",
+                             "--measured", path, "--format", "json")
+        assert (code, out) == (2, ""), (path, err)
+        assert err.startswith(f"patchset: error: --measured {path}: ") and says in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    code, _, err = cli(capsys, "audit", host, "--measured", str(tmp_path / "good.json"))
+    assert code == 2 and err == ("patchset: error: --measured needs --symptom: the measured "
+                                 "contributions rank that symptom's suspects\n")
+    twice = written("twice.json", good)
+    code, _, err = cli(capsys, "audit", host, "--symptom", "decode-quality", "--measured",
+                       str(tmp_path / "good.json"), "--measured", twice)
+    assert code == 2 and f"host: {host} is measured by {tmp_path / 'good.json'} too" in err
+    # a good one goes through to the report (localhost: audited here, no tree)
+    local = bisect_file(tmp_path / "local.json", host="localhost")
+    code, out, _ = cli(capsys, "audit", "localhost", "--symptom", "decode-quality",
+                       "--measured", str(local), "--format", "json")
+    data = json.loads(out)
+    assert code == 1 and api_report.validate(data) == []
+    assert [(m["host"], m["source"]) for m in data["symptom"]["measured"]] == [
+        ("localhost", str(local))]

@@ -4,7 +4,9 @@ of them (evidence included), the HTML rendered by headless Chromium, CLI exit co
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -14,9 +16,13 @@ from pathlib import Path
 import pytest
 from audit_facts import synth
 
-from auditor import api, report
-from auditor.render import FORMATS, render
+from auditor import api, measured, report
+from auditor.model import ProbeResult
+from auditor.rank import Access
+from auditor.render import FORMATS, chart, render
+from isolate import drift, driftview
 from patchset.cli import main
+from test_audit_rank import ENDPOINT, K, ORDER, bisect_file, state_run
 
 SECRET, TOKEN, PASSWORD = "sk-live-0123456789abcdefXYZ", "hf_AbCdEfGhIjKlMnOpQrStUv", "hunter2pw!"
 
@@ -114,9 +120,10 @@ def chromium() -> str:
     return path
 
 
-def test_html_report_renders_in_chromium(seed_report, tmp_path: Path) -> None:
+def dump_dom(text: str, tmp_path: Path) -> str:
+    """The DOM headless Chromium builds from the page (offline: nothing to fetch)."""
     html = tmp_path / "report.html"
-    html.write_text(render(report.to_dict(seed_report), "html"))
+    html.write_text(text)
     profile = tempfile.mkdtemp(prefix="chromium-")
     try:
         proc = subprocess.run(
@@ -127,11 +134,86 @@ def test_html_report_renders_in_chromium(seed_report, tmp_path: Path) -> None:
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    return proc.stdout
+
+
+def test_html_report_renders_in_chromium(seed_report, tmp_path: Path) -> None:
+    dom = dump_dom(render(report.to_dict(seed_report), "html"), tmp_path)
     assert "<title>patchset audit: gpu1</title>" in dom
     assert dom.count('class="suspect"') == 6
     assert dom.count('<tr class="finding fail">') == 2
     assert '<span class="badge gated-off">gated-off</span>' in dom
+
+
+def test_drift_charts_render_in_chromium_with_their_points(series, tmp_path: Path) -> None:
+    """A probe[drift] finding (figures computed from logprob series) and a --measured
+    bisect: the report's charts are inline SVG, every binned point a circle, no script."""
+    figures = drift.prefill_vs_decode(state_run(set(ORDER)), K)
+    result = ProbeResult(probe="drift", name="drift", ok=figures.verdict.above is False,
+                         reason=figures.verdict.why, url=ENDPOINT,
+                         expected="prefill and decode within the noise",
+                         drift=figures.to_json(points=True))
+    path = bisect_file(tmp_path / "bisect.json")
+    runs = measured.load_all([path], ["gpu1"], series, "decode-quality")
+    rep = api.evaluate(series, [synth.facts(synth.load("seed.yaml"), series)],
+                       "decode-quality", Access(measured=runs), probes={"gpu1": [result]})
+    data = report.to_dict(rep)
+    assert report.validate(data) == []
+    assert any(f["id"] == "probe[drift]" and f["status"] == "fail" for f in data["findings"])
+    dom = dump_dom(render(data, "html"), tmp_path)
+    assert "<script" not in dom.lower()
+    charts = re.findall(r"<svg\b.*?</svg>", dom, re.S)
+    by_position = [c for c in charts if 'class="drift-chart"' in c]
+    titles = [re.search(r'aria-label="([^"]*)"', c).group(1) for c in by_position]
+    sequences = [s.name for s in figures.per_sequence]
+    assert titles == [f"overall at {ENDPOINT}: drift by position"] + sequences
+    for svg, comparison in zip(by_position, [figures.overall] + [
+            s.comparison for s in figures.per_sequence]):
+        binned = chart._binned(comparison.points)
+        circles = re.findall(r'<circle class="point"[^>]*data-position="(\d+)"[^>]*'
+                             r'data-drift="([^"]+)"', svg)
+        assert [int(p) for p, _ in circles] == [p for p, _ in binned]
+        assert [float(v) for _, v in circles] == pytest.approx([v for _, v in binned],
+                                                               rel=1e-5)
+        assert 'class="noise"' in svg                    # the threshold, dashed
+    # --measured: one bar per suspect's contribution, one per test state's A/B drift
+    bars = [c for c in charts if 'class="bar-chart"' in c]
+    saved = json.loads(path.read_text())
+    assert len(bars) == 2
+    labels = re.findall(r'<rect class="bar"[^>]*data-label="([^"]+)"', bars[0])
+    assert labels == [c["suspect"] for c in saved["contributions"]]
+    steps = [s for s in saved["steps"] if s["action"] == "group"]
+    assert len(re.findall(r'<rect class="bar"', bars[1])) == len(steps)
+    assert 'class="measured"' in dom and "above the noise" in dom
+
+
+def test_one_chart_implementation_for_the_probe_and_the_audit() -> None:
+    assert driftview.svg is chart.svg
+    page = driftview.html(drift.DriftOutcome(drift.prefill_vs_decode(state_run(set(ORDER)), K),
+                                             None))
+    assert page.count("<svg") == 3 and "<script" not in page
+
+
+def test_a_drift_record_without_points_charts_its_position_buckets() -> None:
+    from auditor.render import view
+    figures = drift.prefill_vs_decode(state_run(set(ORDER)), K).to_json()    # no points
+    charts = view.drift_charts({"probes": [{"probe": "drift", "url": ENDPOINT,
+                                            "drift": figures}]})
+    assert len(charts) == 1 + len(figures["sequences"])
+    overall = charts[0]["svg"]
+    assert 'class="bar-chart"' in overall and 'class="point"' not in overall
+    assert re.findall(r'data-label="([^"]+)"', overall) == list(figures["overall"]["buckets"])
+
+
+def test_markdown_lists_the_measured_contributions(series, tmp_path: Path) -> None:
+    path = bisect_file(tmp_path / "bisect.json")
+    rep = api.evaluate(series, [synth.facts(synth.load("seed.yaml"), series)],
+                       "decode-quality", dataclasses.replace(
+                           Access(), measured=measured.load_all([path], ["gpu1"], series,
+                                                                "decode-quality")))
+    md = render(report.to_dict(rep), "md")
+    assert f"### Measured on gpu1 (bisect b-gpu1, `{path}`)" in md
+    assert "| mhc-bf16 | - | [0, " in md and "| cleared-group |" in md
 
 
 # ---------------------------------------------------------------- the CLI

@@ -1,6 +1,7 @@
 """Renderers: each takes the canonical report dict (auditor.report.to_dict: already
 redacted) and returns text. Terminal (rich), Markdown and HTML (Jinja2 templates in
-templates/), JSON, JUnit XML (one suite per host)."""
+templates/; the HTML's drift charts are inline SVG from chart.py), JSON, JUnit XML (one
+suite per host)."""
 
 from __future__ import annotations
 

@@ -84,7 +84,8 @@ def bars(items: Sequence[tuple[str, float | None, float | None, float | None]],
                    f'data-label="{esc(label)}" data-value="{_num(value)}"><title>'
                    f"{esc(label)}: {_num(value) or 'not attributable'}</title></rect>")
         if low is not None and high is not None and high > 0:
-            out.append(f'<line class="interval" x1="{cx:.1f}" y1="{y(max(low, FLOOR)):.1f}" '
+            bottom = max(low, 10.0 ** lo_y)          # an interval from 0 starts at the axis
+            out.append(f'<line class="interval" x1="{cx:.1f}" y1="{y(bottom):.1f}" '
                        f'x2="{cx:.1f}" y2="{y(high):.1f}" stroke="#222"/>')
         out.append(f'<text x="{cx:.1f}" y="{base + 14}" font-size="9" text-anchor="middle">'
                    f"{esc(_clip(label))}</text>")

@@ -210,10 +210,17 @@ def measured_cell(suspect: dict) -> str:
     """A suspect's measured contributions, one phrase per host ("-" when unmeasured)."""
     parts = []
     for m in suspect.get("measured") or []:
-        value = "cleared" if m["value"] is None else f"{m['value']:.3g}"
+        value = "cleared" if m["value"] is None else number(m["value"])
         verdict = "above the noise" if m["above"] else "within the noise"
-        parts.append(f"{m['host']}: {value} [{m['low']:.3g}, {m['high']:.3g}] {verdict}")
+        parts.append(f"{m['host']}: {value} [{number(m['low'])}, {number(m['high'])}] "
+                     f"{verdict}")
     return "; ".join(parts) or "-"
+
+
+def number(value: Any) -> str:
+    """A drift figure, 3 significant digits ("-" for none)."""
+    shown = _number(value)
+    return "-" if shown is None else f"{shown:.3g}"
 
 
 def _number(value: Any) -> float | None:

@@ -49,7 +49,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     """Find the smallest change of the series that makes a failing probe pass. Exit 0 found
     (or nothing to find), 1 no change flips it, 4 stopped or not restored, 130 Ctrl-C."""
     from isolate import bisect as bisector
-    from isolate.probe import endpoint, parse_kinds, parse_sizes, parse_url
+    from isolate.probe import parse_kinds, parse_sizes, parse_url
     s = load(series)
     kinds = parse_kinds(probe, "--probe") if probe != "drift" else ("drift",)
     sizes_checked, url_checked = parse_sizes(sizes), parse_url(url) if url else None
@@ -66,9 +66,10 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
                           timeout=probe_timeout))
         else:
+            from isolate.probe import direct
             plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,
-                                        url=url_checked or endpoint(
-                                            host, resolver.inventory.path).rstrip("/"),
+                                        endpoint=direct(url_checked) if url_checked
+                                        else resolver.endpoint(host),
                                         api_key_env=api_key_env, timeout=probe_timeout)
         with DeployView(t.host.name) as view:      # restarts and /health waits, live
             t.on_event = view.event

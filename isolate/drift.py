@@ -27,6 +27,7 @@ between the two states, against the noise measured now.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -71,6 +72,20 @@ class Sequence:
     def start(self) -> int:
         return len(self.prompt_ids)
 
+    def check(self) -> str | None:
+        """What is wrong with a sequence read from a file (None: nothing): the ids are
+        sent back to a server, the logprobs compared."""
+        if not isinstance(self.name, str):
+            return "name: not a string"
+        for field_name in ("prompt_ids", "output_ids"):
+            if not _ints(getattr(self, field_name)):
+                return f"{field_name}: not a list of token ids"
+        n = len(self.output_ids)
+        if not _floats(self.decode_lp, n) or not isinstance(self.prefill_lp, list) or \
+                not all(_floats(r, n) for r in self.prefill_lp):
+            return "logprobs: not lists of numbers, one per output token"
+        return None
+
 
 @dataclass
 class DriftSpec:
@@ -105,10 +120,15 @@ class DriftRun:
                              "(written by `patchset probe --kind drift --save`)")
         try:
             seqs = [Sequence(**s) for s in data["sequences"]]
-            return cls(str(data["endpoint"]), float(data["started"]), dict(data["spec"]),
-                       seqs, float(data.get("seconds", 0.0)))
+            run = cls(str(data["endpoint"]), float(data["started"]), dict(data["spec"]),
+                      seqs, float(data.get("seconds", 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise DriftError(f"{where}: damaged drift run ({exc})") from None
+        for i, seq in enumerate(run.sequences):
+            bad = seq.check()
+            if bad:
+                raise DriftError(f"{where}: sequences[{i}].{bad}")
+        return run
 
 
 # ---------------------------------------------------------------- measuring
@@ -157,7 +177,7 @@ def generate(client: Client, text: str, spec: DriftSpec, name: str,
     prompt = [_token(e) for e in _list(meta, "input_token_logprobs")] if start == 0 else []
     output = answer.get("output_ids")
     decode = _list(meta, "output_token_logprobs")
-    if not isinstance(output, list) or len(decode) != len(output):
+    if not _ints(output) or len(decode) != len(output):
         raise DriftError(f"{name}: output_ids and output_token_logprobs do not match")
     tops = meta.get("output_top_logprobs") or [None] * len(output)
     return Sequence(name, prompt, [int(t) for t in output], [_logprob(e) for e in decode],
@@ -340,6 +360,15 @@ def _list(meta: dict, key: str) -> list:
     return value
 
 
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
+
+
+def _floats(value: Any, n: int) -> bool:
+    return isinstance(value, list) and len(value) == n and all(
+        v is None or (type(v) in (int, float) and math.isfinite(v)) for v in value)
+
+
 def _token(entry: Any) -> int:
     if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not isinstance(entry[1], int):
         raise DriftError("a logprob entry is not [logprob, token_id, text]")
@@ -348,7 +377,8 @@ def _token(entry: Any) -> int:
 
 def _logprob(entry: Any) -> float | None:
     value = entry[0] if isinstance(entry, (list, tuple)) and entry else None
-    return float(value) if isinstance(value, (int, float)) else None
+    ok = type(value) in (int, float) and math.isfinite(value)
+    return float(value) if ok else None       # a NaN or inf from a server compares nothing
 
 
 def _top(entry: Any) -> int | None:

@@ -87,5 +87,5 @@ def test_a_damaged_run_file_is_bad_input_naming_the_field(tmp_path: Path, capsys
     path.write_text(json.dumps(data))
     code, _, err = cli(capsys, "probe", "--url", "http://127.0.0.1:9", "--kind", "drift",
                        "--against", str(path))
-    assert code == 2 and f"sequences[0]." in err and str(path) in err
+    assert code == 2 and "sequences[0]." in err and str(path) in err
     assert len(err.strip().splitlines()) == 1

@@ -938,3 +938,205 @@ def test_on_a_real_host_under_systemd(one_host: TestHost, tree: Path) -> None:
     finally:
         one_host.exec(["systemctl", "stop", *units], timeout=60)
         one_host.exec(["systemctl", "reset-failed", *units], timeout=60)
+
+
+# ---------------------------------------------------------------- /generate through the P/D router
+
+
+def pd_stack(launch, decode_envs: tuple = (None,)) -> tuple[list[str], str, list[str], int]:
+    """One prefill, a decode server per entry of *decode_envs* (its environment) and a router
+    over the prefill and each decode: (router URLs, prefill URL, decode URLs, bootstrap port)."""
+    p, b = free_port(), free_port()
+    launch("sglang.launch_server", "--model-path", MODEL, "--port", str(p), "--disaggregation-mode", "prefill",
+           "--disaggregation-bootstrap-port", str(b), wait=f"http://127.0.0.1:{p}/health")
+    routers, decode_urls = [], []
+    for env in decode_envs:
+        d, r = free_port(), free_port()
+        launch("sglang.launch_server", "--model-path", MODEL, "--port", str(d), "--disaggregation-mode", "decode",
+               env=env, wait=f"http://127.0.0.1:{d}/health")
+        launch("sglang_router.launch_router", "--pd-disaggregation", "--prefill", f"http://127.0.0.1:{p}", str(b),
+               "--decode", f"http://127.0.0.1:{d}", "--host", "127.0.0.1", "--port", str(r),
+               wait=f"http://127.0.0.1:{r}/health")
+        routers.append(f"http://127.0.0.1:{r}")
+        decode_urls.append(f"http://127.0.0.1:{d}")
+    return routers, f"http://127.0.0.1:{p}", decode_urls, b
+
+
+def probe_through(base: str, texts: list[str], new_tokens: int = 256) -> tuple[list[list[float]], float, float]:
+    """isolate/drift.py's requests (measure, generate, replay): flush; generate from text with
+    sampling and logprobs from 0 (the prompt's ids from input_token_logprobs, the decode's
+    logprobs from output_token_logprobs); flush; replay prompt + output with
+    max_new_tokens=0 and logprob_start_len=len(prompt)-1.  Per sequence the exp(r)-1-r terms
+    of every output token, the largest |prefill - decode| over tokens 1.., and over token 0."""
+    assert http("POST", f"{base}/flush_cache", {})[0] == 200
+    seqs = []
+    for text in texts:
+        out = gen(base, {"text": text, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1,
+                         "return_text_in_logprobs": False,
+                         "sampling_params": {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True,
+                                             "sampling_seed": 0}})
+        meta = out["meta_info"]
+        seqs.append(([e[1] for e in meta["input_token_logprobs"]], out["output_ids"],
+                     [e[0] for e in meta["output_token_logprobs"]]))
+    assert http("POST", f"{base}/flush_cache", {})[0] == 200
+    terms, worst, first = [], 0.0, 0.0
+    for prompt, output, dec in seqs:
+        assert len(output) == len(dec) == new_tokens and prompt[0] == 0
+        replay = gen(base, {"input_ids": prompt + output, "return_logprob": True,
+                            "logprob_start_len": len(prompt) - 1, "top_logprobs_num": 1,
+                            "return_text_in_logprobs": False, "sampling_params": {"max_new_tokens": 0}})
+        entries = replay["meta_info"]["input_token_logprobs"][-len(output):]
+        assert [e[1] for e in entries] == output
+        pre = [e[0] for e in entries]
+        terms.append(kl_terms(pre, dec))
+        worst = max(worst, max(abs(a - b) for a, b in zip(pre[1:], dec[1:])))
+        first = max(first, abs(pre[0] - dec[0]))
+    return terms, worst, first
+
+
+def prompt_texts(n: int = 4) -> list[str]:
+    from sglang_standin import toy
+    return [toy.tokenizer().decode(p[1:]) for p in prompts(n)]
+
+
+def test_router_generate_in_pd_answers_as_a_single_server(launch) -> None:
+    """/generate through the router: the decode's answer with the prefill's input logprobs put in
+    front (merge_logprobs_in_json), the same keys, tokens and numbers as one server answers
+    (the first output logprob float32, as the metadata buffer carries it); a batch gets one room
+    per item and is not merged; a stream is relayed; max_new_tokens=0 answers as upstream's
+    decode does; errors come back in the router's error shape; the prefill's own answer and its
+    hand-over; /flush_cache reaches every worker."""
+    import struct
+    (router,), prefill, (decode,), bport = pd_stack(launch)
+    direct = serve(launch)
+    fp32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]  # noqa: E731
+    ids = prompts(2)[1]
+    sp = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    body = {"input_ids": ids, "sampling_params": sp, "return_logprob": True, "logprob_start_len": 0,
+            "top_logprobs_num": 2}
+    a, b = gen(router, body), gen(direct, body)
+    assert list(a) == list(b) == ["text", "output_ids", "meta_info"] and list(a["meta_info"]) == list(b["meta_info"])
+    ma, mb = a["meta_info"], b["meta_info"]
+    assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"] and len(a["output_ids"]) == 8
+    for key in ("finish_reason", "prompt_tokens", "completion_tokens", "output_token_logprobs_length"):
+        assert ma[key] == mb[key], key
+    assert ma["input_token_logprobs"] == mb["input_token_logprobs"]          # the prefill's, merged in
+    out_a, out_b = ma["output_token_logprobs"], mb["output_token_logprobs"]
+    assert out_a[0] == [fp32(out_b[0][0]), *out_b[0][1:]] and out_a[1:] == out_b[1:]
+    assert ma["input_top_logprobs"] == [] and len(mb["input_top_logprobs"]) == len(ids)  # decode sends none
+    assert [r[0][1] for r in ma["output_top_logprobs"]] == a["output_ids"]
+
+    # the drift probe's generate (text, sampling with a seed): the same tokens as one server
+    text = {"text": prompt_texts(1)[0], "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1,
+            "sampling_params": {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True, "sampling_seed": 3}}
+    ta, tb = gen(router, text), gen(direct, text)
+    assert ta["output_ids"] == tb["output_ids"] and ta["meta_info"]["prompt_tokens"] == 38
+    assert [e[1] for e in ta["meta_info"]["input_token_logprobs"]] == prompts(1)[0]
+
+    # max_new_tokens=0 (the replay): the decode finishes on the prefill's first token with
+    # finished_len 0 -- no output ids, that token's logprob kept (output_streamer.py)
+    replay = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0}, "return_logprob": True,
+              "logprob_start_len": 30}
+    ra, rb = gen(router, replay), gen(direct, replay)
+    assert ra["output_ids"] == rb["output_ids"] == [] and ra["text"] == ""
+    assert ra["meta_info"]["finish_reason"] == rb["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    assert ra["meta_info"]["input_token_logprobs"] == rb["meta_info"]["input_token_logprobs"]
+    assert rb["meta_info"]["output_token_logprobs"] == [] and len(ra["meta_info"]["output_token_logprobs"]) == 1
+    assert ra["meta_info"]["output_token_logprobs"][0][1] == out_b[0][1] and ra["meta_info"]["completion_tokens"] == 0
+
+    # batches: input_ids lists get a room each, a text batch one room (r, r+1 on the servers);
+    # a JSON list is not merged by the router (its merge reads one object's meta_info)
+    for batch in ({"input_ids": [ids, prompts(1)[0]]}, {"text": ["hello toy world", "x y"]}):
+        bb = {**batch, "sampling_params": sp, "return_logprob": True, "logprob_start_len": 0}
+        pa, pb = gen(router, bb), gen(direct, bb)
+        assert [x["output_ids"] for x in pa] == [x["output_ids"] for x in pb] and len(pa) == 2
+        assert all(x["meta_info"]["input_token_logprobs"] == [] for x in pa)
+
+    # stream: the decode's chunks relayed as they come
+    status, raw = http("POST", f"{router}/generate", {"input_ids": ids, "sampling_params": sp, "stream": True})
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]" and len(events) == 9
+    assert [json.loads(e)["output_ids"] for e in events[:-1]] == [a["output_ids"][:k] for k in range(1, 9)]
+
+    # errors: both servers refuse, the router answers the decode's in its shape
+    bad = gen(router, {"input_ids": ids, "return_logprob": True, "logprob_start_len": 999}, status=400)
+    assert bad["error"]["code"] == "decode_bad_request" and bad["error"]["type"] == "bad_request"
+    assert bad["error"]["message"].startswith("req.logprob_start_len=999 is higher than")
+    assert gen(router, {"input_ids": ids, "sampling_params": {"n": 2}}, status=400)["error"]["message"].startswith(
+        "stand-in: parallel sampling (n > 1) with P/D bootstrap fields")
+
+    # the prefill's own answer: one token, FINISH_LENGTH(length=0), answered once the "decode"
+    # (here: this test) has taken the hand-over from the bootstrap port
+    room = 4242
+    got: dict = {}
+    import threading
+    t = threading.Thread(target=lambda: got.update(answer=gen(prefill, {
+        **body, "bootstrap_host": "127.0.0.1", "bootstrap_port": bport, "bootstrap_room": room})))
+    t.start()
+    deadline = time.monotonic() + 10
+    while True:
+        status, raw = http("GET", f"http://127.0.0.1:{bport}/standin/kv/{room}")
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    t.join(10)
+    hand = json.loads(raw)
+    assert status == 200 and hand["output_id"] == a["output_ids"][0] and len(hand["S"]) == 12
+    assert hand["output_token_logprob"] == out_a[0][0] and hand["cached_tokens"] == got["answer"]["meta_info"][
+        "cached_tokens"]
+    pa = got["answer"]
+    assert pa["output_ids"] == a["output_ids"][:1] and pa["meta_info"]["finish_reason"] == {"type": "length",
+                                                                                           "length": 0}
+    assert pa["meta_info"]["input_token_logprobs"] == mb["input_token_logprobs"]
+    assert pa["meta_info"]["output_token_logprobs"] == out_b[:1] and pa["meta_info"]["completion_tokens"] == 1
+
+    # /flush_cache: POST to every worker; the prefill's prefix cache is cleared through the router
+    plain = {"input_ids": ids, "sampling_params": sp}   # no input logprobs: the prefix cache may serve it
+    for base in (router, decode):                        # decode: answered directly, from its own cache
+        gen(base, plain)
+        assert gen(base, plain)["meta_info"]["cached_tokens"] == 64        # router: the prefill's, via metadata
+    status, raw = http("POST", f"{router}/flush_cache", {})
+    assert status == 200 and json.loads(raw) == {
+        "status": "success", "message": "Successfully flushed cache on all 2 HTTP workers",
+        "workers_flushed": 2, "total_http_workers": 2, "total_workers": 2}
+    assert gen(router, plain)["meta_info"]["cached_tokens"] == gen(decode, plain)["meta_info"]["cached_tokens"] == 0
+    assert http("GET", f"{router}/flush_cache")[0] == 405   # an admin POST route, as upstream
+    r2, gone = free_port(), f"http://127.0.0.1:{free_port()}"
+    launch("sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill, str(bport),
+           "--decode", gone, "--host", "127.0.0.1", "--port", str(r2))
+    wait_status(f"http://127.0.0.1:{r2}/health", 503)
+    status, raw = http("POST", f"http://127.0.0.1:{r2}/flush_cache", {})
+    partial = json.loads(raw)
+    assert status == 206 and partial["status"] == "partial_success" and partial["successful"] == [prefill]
+    assert [f["worker"] for f in partial["failed"]] == [gone] and partial["workers_flushed"] == 1
+
+
+def test_router_pd_replay_matches_decode_without_rules(launch) -> None:
+    """The drift probe's method through the router: the replay runs on the prefill, the
+    generated tokens' logprobs come from the decode continuing the prefill's hand-over; without
+    rules they agree (1e-9; token 0 to float32, the metadata buffer's precision)."""
+    (router,), _, _, _ = pd_stack(launch)
+    terms, worst, first = probe_through(router, prompt_texts())
+    assert worst < 1e-9 and first < 1e-6
+    assert max(max(t[1:]) for t in terms) < 1e-18
+
+
+def test_router_pd_decode_only_bf16_rule_drifts(launch, tmp_path: Path) -> None:
+    """A bf16 "state" rule only in the DECODE server's environment: its decode steps round the
+    carried state every token while the prefill (which answers the replay) does not, so
+    exp(r)-1-r through the router is far above the same probe through a router over the same
+    prefill and a clean decode, and grows over the output."""
+    rules = tmp_path / "numerics.json"
+    rules.write_text(json.dumps([{"op": "state", "precision": "bf16", "file": "srt/layers/logits_processor.py",
+                                  "contains": "def process_input_logprobs"}]))
+    (clean, ruled), _, _, _ = pd_stack(launch, decode_envs=(None, {"STANDIN_NUMERICS_RULES": str(rules)}))
+    texts = prompt_texts()
+    base_terms, base_worst, _ = probe_through(clean, texts)
+    terms, worst, _ = probe_through(ruled, texts)
+    flat = [x for t in terms for x in t[1:]]
+    base_flat = [x for t in base_terms for x in t[1:]]
+    mean, base_mean = sum(flat) / len(flat), sum(base_flat) / len(base_flat)
+    assert base_worst < 1e-9 and mean > 1e-6 and mean > 100 * base_mean and 1e-3 < worst < 1.0
+    late = sum(sum(t[3 * len(t) // 4:]) for t in terms)
+    early = sum(sum(t[1:len(t) // 4]) for t in terms)
+    assert late > 2 * early

@@ -45,12 +45,44 @@ The request goes the way SGLang 0.5.14 takes it (references into the pinned tree
 * errors: ``{"error": {"message": ...}}`` with 400 (``_create_error_response``,
   http_server.py l.1937).
 
+Prefill/decode disaggregation (a prefill or decode server, a body with
+``bootstrap_room``/``bootstrap_host``, as the router sends it; a body without them is
+answered directly in every mode, as for chat; a ``null``-mode server ignores them):
+
+* the fields per item as ``_normalize_bootstrap_params`` makes them (io_struct.py
+  l.616-648: a scalar room r gives r, r+1, ... over a batch; lists are taken as given);
+* PREFILL server: ``_process_req`` sets max_new_tokens = 1 (disaggregation/prefill.py
+  l.303-307): the toy's PREFILL path over the prompt (its prefix cache, its input logprobs
+  from ``logprob_start_len``) and the first output token; the hand-over -- the state
+  stored at the end of the prompt (the "KV") plus what ``MetadataBuffers.set_buf`` carries
+  (disaggregation/utils.py l.312-357: the first output id, ``cached_tokens``, and with
+  ``return_logprob`` that token's logprob and top logprobs, float32 as the buffers are) --
+  goes into the room on the bootstrap port; the answer is sent once the decode has taken
+  it (``process_disagg_prefill_inflight_queue``, prefill.py l.719-830), with
+  ``finish_reason`` ``FINISH_LENGTH(length=0)`` and the one token; no taker within
+  ``STANDIN_KV_TIMEOUT``: a 500 "Prefill transfer failed ..." as the transfer failure abort;
+* DECODE server: the hand-over from ``/standin/kv/<room>`` on the prefill's bootstrap port
+  (``_commit_transfer_to_req``, decode.py l.1477-1590: the first output id and its
+  logprobs appended, ``cached_tokens`` from the prefill), then ``update_finish_state`` on
+  that token (``process_batch_result_prebuilt``, scheduler_components/batch_result_processor.py
+  l.82-99) and the decode server's own DECODE path (its numerics rules, its
+  nondeterminism) from the handed-over state; nothing cached on the decode (its KV is a
+  chunk cache by default, pd_disaggregation_hook.py).  The answer has the full shape, with
+  ``input_token_logprobs`` (and ``input_top_logprobs``) empty: "Decode server does not send
+  input logprobs" (output_streamer.py l.403-433) -- the router puts the prefill's in front.
+  ``max_new_tokens=0``: the prefill's token finishes it with ``finished_len`` 0, so no
+  ``output_ids``, ``completion_tokens`` 0, ``finish_reason`` length 0, and
+  ``output_token_logprobs`` holding that one token's (``logprob_end = max(len, 1)``).
+  No hand-over within ``STANDIN_KV_TIMEOUT``: a 500 "Decode transfer failed ...";
+* a ``sampling_seed`` gives the same tokens as one server (the decode skips the draw the
+  prefill's first sample took); refused with a 400 naming the stand-in: parallel sampling
+  (``n > 1``) and ``token_ids_logprob`` (the metadata buffer does not carry the first
+  token's), and a missing room (or, on a decode, host).
+
 Refused with a 400 that names the stand-in (instead of answering something the toy
 does not compute): penalties, grammars (regex/json_schema/ebnf/structural_tag),
 multimodal data, input_embeds, LoRA, sessions, hidden states, custom logit processors,
-ids outside the toy vocabulary, and P/D bootstrap fields (the KV hand-over exists for
-``/v1/chat/completions`` only; a request without bootstrap fields is answered directly
-in every mode, as for chat).
+and ids outside the toy vocabulary.
 
 ``/flush_cache`` (GET/POST, ``?timeout=S``; http_server.py l.839-855 and
 ``scheduler_components/flush_wrapper.py``): clears the toy's prefix cache when no
@@ -75,6 +107,22 @@ from sglang_standin import derive, toy
 
 class Invalid(Exception):
     """The body does not validate (FastAPI's RequestValidationError -> 400 ErrorResponse)."""
+
+
+class TransferFailed(Exception):
+    """A P/D hand-over did not happen in time: the request is aborted with status 500
+    (``prepare_abort(..., INTERNAL_SERVER_ERROR)``; the tokenizer manager raises it as an
+    ``HTTPException``, http_server.py answers an ``ErrorResponse``)."""
+
+    def __init__(self, message: str, rid: str) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+    def abort_chunk(self) -> dict:
+        """What a stream gets instead: the chunk with ``FINISH_ABORT.to_json()`` (meta_info cut
+        to id and finish_reason: the stand-in's)."""
+        return {"text": "", "output_ids": [], "meta_info": {"id": self.rid, "finish_reason": {
+            "type": "abort", "message": str(self), "status_code": 500, "err_type": None}}}
 
 
 # ---------------------------------------------------------------- read from the tree
@@ -189,6 +237,10 @@ def validate_body(body: Any, spec: Spec) -> dict:
                  "return_routed_experts", "return_entropy"):
         _check(body, name, is_bool, "a bool")
     _check(body, "return_hidden_states", one_or_list(is_bool), "a bool or a list of bools")
+    _check(body, "bootstrap_host", one_or_list(lambda v: isinstance(v, str)), "a string or a list of strings")
+    _check(body, "bootstrap_port", one_or_list(lambda v: v is None or _is_int(v)),
+           "an int or a list of optional ints")
+    _check(body, "bootstrap_room", one_or_list(_is_int), "an int or a list of ints")
     return body
 
 
@@ -212,6 +264,7 @@ class Generator:
         self.max_req_input_len = max_req_input_len
         self.max_total_num_tokens = max_total_num_tokens
         self.mode = mode
+        self.transfer: Any = None  # the server's KV hand-over (server.Engine: kv_send/kv_receive/...)
         self._busy = 0
         self._idle = threading.Condition()
 
@@ -257,8 +310,13 @@ class Generator:
             text = [text] if text is not None else None
             input_ids = [input_ids] if input_ids is not None else None
 
-        if self.mode != "null" and any(body.get(k) is not None for k in ("bootstrap_room", "bootstrap_host")):
-            raise ValueError(STANDIN + "/generate with bootstrap fields (P/D KV transfer) is not modelled")
+        pd = self.mode in ("prefill", "decode") and any(
+            body.get(k) is not None for k in ("bootstrap_room", "bootstrap_host"))
+        if pd and n > 1:
+            raise ValueError(STANDIN + "parallel sampling (n > 1) with P/D bootstrap fields is not modelled")
+        if pd and body.get("token_ids_logprob"):
+            raise ValueError(STANDIN + "token_ids_logprob with P/D bootstrap fields is not modelled (the "
+                             "metadata buffer does not carry the first token's, disaggregation/utils.py)")
         rid = body.get("rid")
         common = {k: body.get(k) for k in ("return_text_in_logprobs", "return_prompt_token_ids", "stream")}
         if is_single:
@@ -268,7 +326,9 @@ class Generator:
                 "return_logprob": bool(body.get("return_logprob")),
                 "logprob_start_len": -1 if body.get("logprob_start_len") is None else body["logprob_start_len"],
                 "top_logprobs_num": body.get("top_logprobs_num") or 0,
-                "token_ids_logprob": body.get("token_ids_logprob") or None, **common,
+                "token_ids_logprob": body.get("token_ids_logprob") or None,
+                "bootstrap": self._bootstrap(body.get("bootstrap_host"), body.get("bootstrap_port"),
+                                             body.get("bootstrap_room")) if pd else None, **common,
             }], 1
 
         num = batch_size * n
@@ -314,6 +374,14 @@ class Generator:
         if len(set(rids)) != len(rids):
             dup = [r for r, c in Counter(rids).items() if c > 1]
             raise ValueError(f"Duplicate request IDs detected within the request: {dup}")
+        # _normalize_bootstrap_params (io_struct.py l.616-648): a scalar room r becomes
+        # r, r+1, ... per item, a scalar host/port is repeated, lists are taken as they are
+        boot_host, boot_port, boot_room = (body.get(k) for k in ("bootstrap_host", "bootstrap_port",
+                                                                  "bootstrap_room"))
+        hosts = boot_host if isinstance(boot_host, list) else [boot_host] * num
+        ports = boot_port if isinstance(boot_port, list) else [boot_port] * num
+        rooms = (boot_room if isinstance(boot_room, list) else
+                 [None] * num if boot_room is None else [boot_room + i for i in range(num)])
         subs = []
         for i in range(batch_size):  # obj[i] (io_struct.py __getitem__)
             try:
@@ -322,11 +390,20 @@ class Generator:
                     "input_ids": input_ids[i] if input_ids is not None else None,
                     "sampling_params": sps[i], "rid": rids[i], "return_logprob": bool(rl[i]),
                     "logprob_start_len": lsl[i], "top_logprobs_num": tln[i] or 0,
-                    "token_ids_logprob": tids[i] or None, **common,
+                    "token_ids_logprob": tids[i] or None,
+                    "bootstrap": self._bootstrap(hosts[i], ports[i], rooms[i]) if pd else None, **common,
                 })
             except IndexError:
                 raise ValueError(STANDIN + "a per-item list is shorter than the batch") from None
         return False, subs, n
+
+    def _bootstrap(self, host: Any, port: Any, room: Any) -> dict:
+        """One item's bootstrap fields; the stand-in needs the room (and, on a decode, the
+        prefill's host) to find the hand-over."""
+        if room is None or (self.mode == "decode" and not host):
+            raise ValueError(STANDIN + "P/D /generate needs bootstrap_room"
+                             + (" and bootstrap_host" if self.mode == "decode" else "") + " for every item")
+        return {"host": host, "port": port, "room": room}
 
     # -- one sub-request: tokenizer manager, then scheduler checks --------------------
 
@@ -492,8 +569,24 @@ class Generator:
         prepared = [self.prepare(sub) for sub in subs]
         done = []
         if n == 1:
-            for req, sub in prepared:
-                done.append((req, sub, self.runner.run(req)))
+            sent: list[tuple[dict, Any]] = []
+            try:
+                for req, sub in prepared:
+                    boot = sub.get("bootstrap")
+                    if boot is None:
+                        res = self.runner.run(req)
+                    elif self.mode == "prefill":
+                        res, waiter = self._prefill(req, sub, boot)
+                        sent.append((sub, waiter))
+                    else:
+                        res = self._resume(req, sub, boot)
+                    done.append((req, sub, res))
+                while sent:  # answered once the decode has the KV (process_disagg_prefill_inflight_queue)
+                    self._await_transfer(*sent[0])
+                    sent.pop(0)
+            finally:
+                for sub, _ in sent:
+                    self.transfer.kv_abandon(int(sub["bootstrap"]["room"]))
             return is_single, done, started
         # parallel sampling: the common prefix first (max_new_tokens=0), then n samples each
         # with a fresh rid (tokenizer_manager.py l.1573-1625)
@@ -505,6 +598,63 @@ class Generator:
             for _ in range(n):
                 done.append((req, {**sub, "rid": uuid.uuid4().hex}, self.runner.run(req)))
         return False, done, started
+
+    # -- P/D: the prefill hands over, the decode continues -------------------------------
+
+    def _prefill(self, req: toy.Request, sub: dict, boot: dict) -> tuple[toy.Result, Any]:
+        """The prefill server's part: the PREFILL path over the prompt and the first output
+        token (``_process_req`` sets max_new_tokens = 1, prefill.py l.303-307), then the
+        hand-over -- the stored state at the end of the prompt (the KV) and what
+        ``MetadataBuffers.set_buf`` carries (disaggregation/utils.py l.312-357: the first
+        output id, cached_tokens, the first token's logprob and top logprobs, as float32) --
+        put in the bootstrap room.  The answer finishes with ``FINISH_LENGTH(length=0)``
+        (prefill.py l.765) and carries the input logprobs."""
+        pre = copy.copy(req)
+        pre.max_new_tokens = 1
+        res = self.runner.run(pre)
+        res.finish_reason = {"type": "length", "length": 0}
+        first_lp, first_top = None, None
+        if pre.return_logprob:
+            first_lp = toy.round_fp32(res.output_token_logprobs[0][0])
+            if pre.top_logprobs_num > 0:
+                first_top = [[toy.round_fp32(v), t] for v, t in res.output_top_logprobs[0]]
+        assert res.kv is not None
+        payload = {"kind": "generate", "rid": sub["rid"], "output_id": res.output_ids[0],
+                   "cached_tokens": res.cached_tokens, "output_token_logprob": first_lp,
+                   "output_top_logprobs": first_top, "S": list(res.kv.S), "m": list(res.kv.m)}
+        return res, self.transfer.kv_send(int(boot["room"]), payload)
+
+    def _await_transfer(self, sub: dict, waiter: Any) -> None:
+        room = int(sub["bootstrap"]["room"])
+        started = time.monotonic()
+        if not waiter.wait(self.transfer.kv_timeout):
+            raise TransferFailed(
+                f"Prefill transfer failed for request rank=0 req.rid={sub['rid']!r} req.bootstrap_room={room} "
+                f"with exception Request {room} timed out after {time.monotonic() - started:.1f}s "
+                f"in KVPoll.Bootstrapping", sub["rid"])
+
+    def _resume(self, req: toy.Request, sub: dict, boot: dict) -> toy.Result:
+        """The decode server's part: the hand-over from the prefill's bootstrap port
+        (``_commit_transfer_to_req``, decode.py l.1477-1590), then this server's DECODE path
+        from that state; no input logprobs (output_streamer.py l.403-433: "Decode server
+        does not send input logprobs"), the router merges the prefill's in."""
+        room = int(boot["room"])
+        started = time.monotonic()
+        try:
+            got = self.transfer.kv_receive(str(boot["host"]), boot["port"], room)
+        except TimeoutError:
+            got = None
+        if not isinstance(got, dict) or got.get("kind") != "generate":
+            raise TransferFailed(
+                f"Decode transfer failed for request rank=0 decode_req.req.rid={sub['rid']!r} "
+                f"decode_req.req.bootstrap_room={room} with exception Request {room} timed out after "
+                f"{time.monotonic() - started:.1f}s in KVPoll.WaitingForInput", sub["rid"])
+        state = toy.State(tuple(got["S"]), tuple(got["m"]))
+        top = got.get("output_top_logprobs")
+        if top is not None:
+            top = [(v, t) for v, t in top[: req.top_logprobs_num]]
+        return self.runner.resume(req, state, int(got["output_id"]), got.get("output_token_logprob"), top,
+                                  int(got.get("cached_tokens") or 0))
 
     def generate(self, body: dict) -> Any:
         """The JSON answer (ValueError: 400 ``{"error": {"message"}}``)."""
@@ -524,6 +674,9 @@ class Generator:
         except ValueError as exc:
             yield {"error": {"message": str(exc), "type": "invalid_request_error", "code": 400,
                              "retryable": False}}
+            return
+        except TransferFailed as exc:
+            yield exc.abort_chunk()
             return
         finally:
             self._leave()

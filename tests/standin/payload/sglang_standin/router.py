@@ -13,11 +13,33 @@ prefill and a decode (round robin) at the same time, with
 ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` added as the real
 router does; the decode's answer is returned.  Without P/D the request is
 proxied to one of ``--worker-urls``.  Workers are not awaited at startup.
+
+``POST /generate`` follows sgl-model-gateway's PD router
+(``sgl-model-gateway/src/routers/http/pd_router.rs``: ``route_generate``,
+``inject_bootstrap_into_value``, ``execute_dual_dispatch_internal``,
+``merge_logprobs_in_json``): a prefill and a decode are picked; the bootstrap fields
+are added -- one room per item when ``input_ids`` is a list of lists
+(``generate_batch_size_from_value``), else one room for the body (a ``text`` batch then
+gets rooms r, r+1, ... from the servers' own ``_normalize_bootstrap_params``); the same
+body goes to both at once; a decode error is answered first, then a prefill error
+(``{"error": {"message", "type", "code"}}`` as ``routers/error.rs`` builds it); else the
+decode's answer, with -- for a non-streaming ``return_logprob`` request whose answers are
+JSON objects -- the prefill's ``meta_info.input_token_logprobs`` put in front of the
+decode's (a batch's JSON list is passed through unmerged, as upstream).  A stream is
+relayed from the decode as it comes (upstream's stream merge parses the prefill's body as
+JSON, which a streamed prefill answer is not, so nothing is merged).  Not modelled:
+retries, circuit breakers, cache-aware/power-of-two selection (round robin is used).
+
+``POST /flush_cache`` (an admin route: POST only) calls ``POST WORKER/flush_cache`` on
+every worker at once, with the router's ``--api-key`` (``WorkerManager::flush_cache_all``)
+and answers ``FlushCacheResult``'s JSON: 200 ``{"status": "success", ...}`` when every
+worker answered 2xx, else 206 ``"partial_success"`` with the failed workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import http
 import itertools
 import json
 import logging
@@ -25,7 +47,9 @@ import random
 import signal
 import sys
 import threading
+import urllib.error
 import urllib.parse
+import urllib.request
 from typing import Any
 
 from sglang_standin.httpd import Handler, Server, request
@@ -84,6 +108,106 @@ def parse_prefill(specs: list[list[str]] | None, parser: argparse.ArgumentParser
     return out
 
 
+def error_body(status: int, code: str, message: str) -> bytes:
+    """``routers/error.rs`` ``create_error``: ``{"error": {"message", "type", "code"}}``."""
+    try:
+        kind = http.HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        kind = "unknown_status_code"
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+def status_text(status: int) -> str:
+    """A status as reqwest's ``StatusCode`` displays it ("400 Bad Request")."""
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
+class Upstream:
+    """One request to a worker whose body is read later (all at once, or as a stream)."""
+
+    def __init__(self, url: str, body: Any, headers: dict[str, str], timeout: float) -> None:
+        self.url = url
+        self.status = 0
+        self.ctype = ""
+        self.error = ""
+        self._resp: Any = None
+        self._body: bytes | None = None
+        data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        req = urllib.request.Request(url, data=data, method="POST",
+                                     headers={**headers, "Content-Type": "application/json"})
+        try:
+            self._resp = urllib.request.urlopen(req, timeout=timeout)
+            self.status = self._resp.status
+        except urllib.error.HTTPError as exc:
+            self.status, self._body = exc.code, exc.read()
+            self.ctype = exc.headers.get("content-type", "") if exc.headers else ""
+            return
+        except (urllib.error.URLError, OSError) as exc:
+            self.error = f"error sending request for url ({url}): {getattr(exc, 'reason', exc)}"
+            return
+        self.ctype = self._resp.headers.get("content-type", "")
+
+    def read(self) -> bytes:
+        if self._body is None:
+            try:
+                self._body = self._resp.read() if self._resp is not None else b""
+            except OSError as exc:
+                self.error, self._body = str(exc), b""
+            finally:
+                if self._resp is not None:
+                    self._resp.close()
+        return self._body
+
+    def chunks(self) -> Any:
+        """The body as it arrives (for a stream)."""
+        if self._resp is None or self._body is not None:
+            yield self.read()
+            return
+        try:
+            while True:
+                chunk = self._resp.read1(65536)
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            self._resp.close()
+
+    def message(self) -> str:
+        """The error message in an error answer (``handle_decode_error_response``)."""
+        raw = self.read()
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace")
+        if isinstance(obj, dict):
+            err = obj.get("error")
+            if isinstance(err, dict) and isinstance(err.get("message"), str):
+                return err["message"]
+            if isinstance(obj.get("message"), str):
+                return obj["message"]
+        return raw.decode(errors="replace")
+
+
+# status -> error code suffix, as handle_decode_error_response / process_prefill_response map them
+_ERROR_CODES = {400: "bad_request", 404: "not_found", 500: "internal_error", 503: "unavailable",
+                502: "bad_gateway"}
+
+
+def merge_input_logprobs(prefill: Any, decode: Any) -> Any:
+    """``merge_logprobs_in_json``: the prefill's ``meta_info.input_token_logprobs`` in front of
+    the decode's, when both answers are objects carrying that list."""
+    if isinstance(prefill, dict) and isinstance(decode, dict):
+        pm, dm = prefill.get("meta_info"), decode.get("meta_info")
+        if isinstance(pm, dict) and isinstance(dm, dict):
+            p_lp, d_lp = pm.get("input_token_logprobs"), dm.get("input_token_logprobs")
+            if isinstance(p_lp, list) and isinstance(d_lp, list):
+                dm["input_token_logprobs"] = p_lp + d_lp
+    return decode
+
+
 class Router:
     def __init__(self, args: argparse.Namespace, prefills: list[tuple[str, int | None]], decodes: list[str]) -> None:
         self.args = args
@@ -132,6 +256,142 @@ def make_handler(router: Router) -> type[Handler]:
         status, body, ctype = request("GET", target + h.path, headers=router.headers(h.headers), timeout=timeout)
         h.send_bytes(status or 502, body, ctype or "application/json")
 
+    def relay(h: Handler, up: Upstream) -> None:
+        """A worker's 2xx answer to the client: streamed through, or as one body."""
+        if up.ctype.startswith("text/event-stream"):
+            h.send_response(up.status)
+            h.send_header("content-type", up.ctype)
+            h.end_headers()
+            for chunk in up.chunks():
+                h.wfile.write(chunk)
+                h.wfile.flush()
+            return
+        h.send_bytes(up.status, up.read(), up.ctype or "application/json")
+
+    def generate(h: Handler) -> None:
+        raw = h.read_body()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("Request must be a JSON object")
+        except ValueError as exc:
+            h.send_bytes(400, error_body(400, "json_parse_error", f"Invalid JSON data: {exc}"))
+            return
+        try:
+            prefill, decode = router.pick()
+        except LookupError as exc:
+            h.send_bytes(503, error_body(503, "server_selection_failed", f"No available servers: {exc}"))
+            return
+        hdrs = router.headers(h.headers)
+        if prefill is None:  # regular mode: one worker
+            up = Upstream(decode + "/generate", body, hdrs, timeout)
+            if not up.status:
+                h.send_bytes(502, error_body(502, "request_failed", up.error))
+            elif up.status >= 300:
+                h.send_bytes(up.status, up.read(), up.ctype or "application/json")
+            else:
+                relay(h, up)
+            return
+        purl, bport = prefill
+        host = urllib.parse.urlsplit(purl).hostname
+        stream, return_logprob = body.get("stream") is True, body.get("return_logprob") is True
+        ids = body.get("input_ids")
+        batch = len(ids) if isinstance(ids, list) and ids and isinstance(ids[0], list) else None
+        if batch is None:
+            body = {**body, "bootstrap_host": host, "bootstrap_port": bport,
+                    "bootstrap_room": random.getrandbits(63)}
+        else:
+            body = {**body, "bootstrap_host": [host] * batch, "bootstrap_port": [bport] * batch,
+                    "bootstrap_room": [random.getrandbits(63) for _ in range(batch)]}
+        result: dict[str, Upstream] = {}
+
+        def to_prefill() -> None:
+            up = Upstream(purl + "/generate", body, hdrs, timeout)
+            up.read()  # process_prefill_response reads (or consumes) the prefill's whole body
+            result["prefill"] = up
+
+        t = threading.Thread(target=to_prefill, daemon=True)
+        t.start()
+        dec = Upstream(decode + "/generate", body, hdrs, timeout)
+        t.join(timeout)
+        pre = result.get("prefill")
+        if not dec.status:
+            h.send_bytes(502, error_body(502, "decode_server_error", f"Decode server error: {dec.error}"))
+            return
+        if not 200 <= dec.status < 300:
+            logger.error("Decode server returned error status decode_url=%s status=%s", decode, dec.status)
+            if stream:
+                payload = json.dumps({"message": dec.message(), "status": dec.status})
+                h.send_bytes(dec.status, f"data: {{'error': {payload}}}".encode(), "text/event-stream")
+            else:
+                status = dec.status if dec.status in _ERROR_CODES else 500
+                h.send_bytes(status, error_body(status, "decode_" + _ERROR_CODES.get(dec.status, "error"),
+                                                dec.message()))
+            return
+        if pre is None or not pre.status:
+            why = pre.error if pre is not None else "no answer"
+            logger.error("Prefill server failed (CRITICAL) prefill_url=%s error=%s", purl, why)
+            h.send_bytes(502, error_body(502, "prefill_server_error",
+                                         f"Prefill server error: {why}. This will cause decode timeout."))
+            return
+        if not 200 <= pre.status < 300:
+            text = pre.read().decode(errors="replace")
+            logger.error("Prefill server returned error status prefill_url=%s status=%s body=%s",
+                         purl, pre.status, text)
+            status = pre.status if pre.status in _ERROR_CODES else 500
+            h.send_bytes(status, error_body(status, "prefill_" + _ERROR_CODES.get(pre.status, "error"),
+                                            f"Prefill server error ({status_text(pre.status)}): {text}"))
+            return
+        if stream or not return_logprob:
+            relay(h, dec)
+            return
+        out = dec.read()
+        try:
+            merged = merge_input_logprobs(json.loads(pre.read()), json.loads(out))
+            out = json.dumps(merged, separators=(",", ":"), ensure_ascii=False).encode()
+        except ValueError:
+            logger.warning("Failed to parse responses for prefill/decode merging")
+        h.send_bytes(dec.status, out, "application/json")
+
+    def flush_cache(h: Handler) -> None:
+        h.read_body()
+        urls = router.all_urls()
+        if not urls:
+            h.send_json(200, {"status": "success", "message": "No HTTP workers available for cache flush",
+                              "workers_flushed": 0, "total_http_workers": 0, "total_workers": 0})
+            return
+        hdrs = {"Authorization": f"Bearer {router.args.api_key}"} if router.args.api_key else {}
+        results: dict[str, tuple] = {}
+
+        def one(url: str) -> None:
+            results[url] = request("POST", url + "/flush_cache", b"", hdrs, timeout)
+
+        threads = [threading.Thread(target=one, args=(u,), daemon=True) for u in urls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        ok = [u for u in urls if 200 <= results.get(u, (0,))[0] < 300]
+        failed = []
+        for u in urls:
+            status = results.get(u, (0,))[0]
+            if not 200 <= status < 300:
+                failed.append({"worker": u, "error": f"HTTP {status_text(status)}" if status else
+                               f"error sending request for url ({u}/flush_cache)"})
+        if not failed:
+            h.send_json(200, {"status": "success",
+                              "message": f"Successfully flushed cache on all {len(ok)} HTTP workers",
+                              "workers_flushed": len(ok), "total_http_workers": len(urls),
+                              "total_workers": len(urls)})
+            return
+        for f in failed:
+            logger.warning("Failed to flush cache on worker %s: %s", f["worker"], f["error"])
+        h.send_json(206, {"status": "partial_success",
+                          "message": f"Cache flush completed: {len(ok)} succeeded, {len(failed)} failed "
+                                     f"(out of {len(urls)} HTTP workers)",
+                          "workers_flushed": len(ok), "total_http_workers": len(urls),
+                          "total_workers": len(urls), "successful": ok, "failed": failed})
+
     def chat(h: Handler) -> None:
         raw = h.read_body()
         try:
@@ -170,6 +430,8 @@ def make_handler(router: Router) -> type[Handler]:
             ("GET", "/model_info"): forward_get,
             ("GET", "/get_model_info"): forward_get,
             ("POST", "/v1/chat/completions"): chat,
+            ("POST", "/generate"): generate,
+            ("POST", "/flush_cache"): flush_cache,
         }
 
     return RouterHandler

@@ -49,8 +49,13 @@ null), and the model itself: ``/generate`` runs a tiny seeded model with its own
 the prefill "transfers KV" by handing the decode what it saw of the conversation
 through its bootstrap port (``/standin/kv/<room>``), so faults on either side show in
 the answer; a request without bootstrap fields is answered directly in every mode (the
-real decode would refuse it), for ``/generate`` too (which refuses bootstrap fields:
-its KV hand-over is not modelled).
+real decode would refuse it), for ``/generate`` too.  ``/generate`` with bootstrap fields
+(what the router adds, one room per item) hands over for real: the prefill runs the
+toy's PREFILL path and the first output token, puts the state stored at the end of the
+prompt and the first token's metadata in the room, and answers once the decode has taken
+it (``STANDIN_KV_TIMEOUT``, else a 500 "Prefill transfer failed ..."); the decode takes it
+from ``/standin/kv/<room>`` on the prefill's bootstrap port and continues with its own
+DECODE path and numerics (generate.py says what each answers).
 """
 
 from __future__ import annotations
@@ -101,7 +106,8 @@ class Engine:
         )
         self.max_total_num_tokens = int(os.environ.get("STANDIN_MAX_TOTAL_TOKENS") or DEFAULT_MAX_TOTAL_TOKENS)
         self.max_req_input_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
-        self.kv: dict[int, list[dict]] = {}
+        self.kv: dict[int, Any] = {}   # room -> what the prefill hands over (chat: what it saw)
+        self.kv_taken: dict[int, threading.Event] = {}   # /generate rooms: set once the decode has it
         self.kv_lock = threading.Lock()
         self.kv_timeout = float(os.environ.get("STANDIN_KV_TIMEOUT") or 30.0)
         # under its real name, through the import system (see tokenizer_manager.py)
@@ -112,6 +118,7 @@ class Engine:
             self.gen_spec, values, toy.Runner(numerics, cache=not values.get("disable_radix_cache")),
             self.tokenizer_manager, self.context_len, self.max_req_input_len, self.max_total_num_tokens,
             self.mode)
+        self.generator.transfer = self  # /generate P/D: kv_send / kv_receive / kv_abandon / kv_timeout
 
     @staticmethod
     def _read_hf_config(model_path: str) -> dict:
@@ -203,15 +210,38 @@ class Engine:
 
     # -- P/D "KV transfer" ------------------------------------------------------
 
-    def kv_put(self, room: int, seen: list[dict]) -> None:
+    def kv_put(self, room: int, seen: Any) -> None:
         with self.kv_lock:
             self.kv[room] = seen
             while len(self.kv) > 4096:
-                self.kv.pop(next(iter(self.kv)))
+                old = next(iter(self.kv))
+                self.kv.pop(old)
+                self.kv_taken.pop(old, None)
 
-    def kv_take(self, room: int) -> list[dict] | None:
+    def kv_take(self, room: int) -> Any:
         with self.kv_lock:
-            return self.kv.pop(room, None)
+            got = self.kv.pop(room, None)
+            taken = self.kv_taken.pop(room, None) if got is not None else None
+        if taken is not None:
+            taken.set()
+        return got
+
+    def kv_send(self, room: int, payload: dict) -> threading.Event:
+        """A /generate prefill's hand-over; the event is set once the decode has taken it."""
+        taken = threading.Event()
+        with self.kv_lock:
+            self.kv_taken[room] = taken
+        self.kv_put(room, payload)
+        return taken
+
+    def kv_abandon(self, room: int) -> None:
+        with self.kv_lock:
+            self.kv.pop(room, None)
+            self.kv_taken.pop(room, None)
+
+    def kv_receive(self, host: str, port: int | None, room: int) -> Any:
+        """A /generate decode's side: the prefill's hand-over (TimeoutError after kv_timeout)."""
+        return self.kv_fetch(host, int(port or self.values["disaggregation_bootstrap_port"]), room)
 
     def kv_fetch(self, host: str, port: int, room: int) -> list[dict]:
         host = f"[{host}]" if ":" in host and not host.startswith("[") else host
@@ -375,6 +405,10 @@ def make_handler(engine: Engine) -> type[Handler]:
             return
         try:
             ret = engine.generator.generate(body)
+        except generate.TransferFailed as exc:  # P/D abort with status 500 (HTTPException -> ErrorResponse)
+            logger.error(f"[http_server] Error: {exc}")
+            h.send_json(500, engine.error(500, str(exc), "500"))
+            return
         except ValueError as exc:
             logger.error(f"[http_server] Error: {exc}")
             h.send_json(400, {"error": {"message": str(exc)}})

@@ -37,6 +37,12 @@ Two code paths compute this same function:
   (``S_t = lam^i * S_b + P_i``: another summation order); the state is STORED only at
   chunk boundaries and at the end of the prompt (the KV handed to decode).
 
+In prefill/decode disaggregation the two paths run on two servers: the prefill
+server's :meth:`Runner.run` stops after the first output token and its
+``Result.kv`` (the state stored at the end of the prompt) is handed over (server.py,
+generate.py); the decode server's :meth:`Runner.resume` continues from it with its
+own DECODE steps, so each server's precision rules apply to its own part.
+
 Without precision rules both paths agree to ~1e-15 in logprobs.  A precision rule
 (``STANDIN_NUMERICS_RULES=FILE``, read once at startup, see :class:`Numerics`) rounds
 the carried state (op ``state``) and/or the mixing statistic (op ``mix``) to bf16 or
@@ -535,6 +541,8 @@ class Result:
     output_top_logprobs: list | None = None
     input_token_ids_logprobs: list | None = None
     output_token_ids_logprobs: list | None = None
+    # the state stored at the end of the prompt (what a P/D prefill hands the decode)
+    kv: State | None = None
 
 
 def _top(lps: Sequence[float], k: int) -> list[tuple[float, int]]:
@@ -648,7 +656,7 @@ class Runner:
 
         state, logits_at = self.model.prefill(ids, cached, state, chunk=chunk, want_logits=want,
                                               on_boundary=keep)
-        res = Result([], "", {}, cached)
+        res = Result([], "", {}, cached, kv=state)
 
         tids = req.token_ids_logprob
         if req.return_logprob:
@@ -678,25 +686,38 @@ class Runner:
             res.finish_reason = {"type": "length", "length": 0}
             return res
 
-        out: list[int] = []
-        seq = list(ids)
-        logits = logits_at[n - 1]
+        tok, lps = self._choose(self._jitter(logits_at[n - 1], nondet), req, 0, sampler)
+        self._record(req, res, tok, lps)
+        self._decode(req, res, [tok], list(ids) + [tok], state, nondet, sampler, keep)
+        return res
+
+    def _record(self, req: Request, res: Result, tok: int, lps: Sequence[float]) -> None:
+        """The output logprobs of one sampled token (if asked for)."""
+        if req.return_logprob:
+            res.output_token_logprobs.append((lps[tok], tok))
+            if req.top_logprobs_num > 0:
+                res.output_top_logprobs.append(_top(lps, req.top_logprobs_num))
+            if req.token_ids_logprob is not None:
+                res.output_token_ids_logprobs.append([(lps[t], t) for t in req.token_ids_logprob])
+
+    def _decode(self, req: Request, res: Result, out: list[int], seq: list[int], state: State,
+                nondet: random.Random | None, sampler: random.Random,
+                keep: Callable[[int, State, Sequence[int]], None] | None) -> None:
+        """The DECODE loop after the first output token (already in *out*, *seq* and *res*):
+        the finish check, then a decode step from the stored *state* and the next sample."""
         while True:
-            tok, lps = self._choose(self._jitter(logits, nondet), req, len(out), sampler)
-            out.append(tok)
-            seq.append(tok)
-            if req.return_logprob:
-                res.output_token_logprobs.append((lps[tok], tok))
-                if req.top_logprobs_num > 0:
-                    res.output_top_logprobs.append(_top(lps, req.top_logprobs_num))
-                if tids is not None:
-                    res.output_token_ids_logprobs.append([(lps[t], t) for t in tids])
             finish = self._finish(req, out)
             if finish is not None:
                 break
-            state, logits = self.model.decode_step(tok, len(seq) - 1, state)
-            if len(seq) % chunk == 0:
+            state, logits = self.model.decode_step(out[-1], len(seq) - 1, state)
+            if keep is not None and len(seq) % C == 0:
                 keep(len(seq), state, seq)
+            tok, lps = self._choose(self._jitter(logits, nondet), req, len(out), sampler)
+            out.append(tok)
+            seq.append(tok)
+            self._record(req, res, tok, lps)
+        if finish.get("type") == "length":  # finished_len = max_new_tokens (schedule_batch.py)
+            out = out[: req.max_new_tokens]
         res.output_ids = out
         res.finish_reason = finish
         text_ids = out
@@ -708,6 +729,27 @@ class Runner:
             if pos != -1:
                 text = text[: pos + len(finish["matched"])] if req.no_stop_trim else text[:pos]
         res.text = text
+
+    def resume(self, req: Request, state: State, first: int, first_logprob: float | None,
+               first_top: list | None, cached_tokens: int) -> Result:
+        """A P/D decode: continue *req* from the prefill's hand-over -- the *state* stored at
+        the end of the prompt, the first output token the prefill sampled and its logprob /
+        top logprobs (as the metadata buffer carries them) -- with this server's DECODE path
+        and numerics.  No input logprobs (the decode computes none: output_streamer.py) and
+        nothing cached (a decode server's KV cache is a chunk cache by default)."""
+        nondet = random.Random(os.urandom(16)) if self.eps > 0 else None
+        sampler = random.Random(req.sampling_seed) if req.sampling_seed is not None else random.Random(
+            os.urandom(16))
+        if req.top_k != 1:  # the draw the prefill's sample of the first token took
+            sampler.random()
+        res = Result([], "", {}, cached_tokens)
+        if req.return_logprob:
+            res.input_token_logprobs = []
+            res.input_top_logprobs = [] if req.top_logprobs_num > 0 else None
+            res.output_token_logprobs = [(first_logprob, first)]
+            res.output_top_logprobs = [list(first_top or [])] if req.top_logprobs_num > 0 else None
+        ids = list(req.input_ids)
+        self._decode(req, res, [first], ids + [first], state, nondet, sampler, None)
         return res
 
     def flush(self) -> None:

@@ -77,7 +77,7 @@ def inventory(env: dict, roles: dict | None = None, serving: dict | None = None,
                         "env": {"TRITON_INDEXER": "0", "MMA_FLASHMLA": "0"}},
             "decode": {"gpus": "2,3", "port": ports["decode"], "extra_args": extra}}
     for role, settings in (roles or {}).items():
-        base[role] = None if settings is None else {**base[role], **settings}
+        base[role] = None if settings is None else {**base.get(role, {}), **settings}
     spec = {"address": host.ip, "port": host.port, "user": "root",
             "identity_file": str(host.client_key), "tree": TREE, "python": f"{VENV}/bin/python",
             "serving": {"model_path": MODEL, "transfer_backend": "fake",

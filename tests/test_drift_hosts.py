@@ -16,7 +16,7 @@ import math
 
 import pytest
 
-from hostutil import cli, on_host
+from hostutil import cli, free_ports, on_host
 from test_audit_hosts import (  # noqa: F401 - env and audit_env are the fixtures used here
     audit_env,
     deploy,
@@ -129,3 +129,22 @@ def test_a_gate_driven_culprit_is_found_without_a_revert(served, capsys) -> None
     assert tests and all(s["applied"] == starting for s in tests)     # no revert, ever
     assert report["states"] <= bound(report)
     assert snapshot(served) == before
+
+
+def test_through_the_router_the_prefill_server_is_compared_with_the_decode_server(
+        served, capsys) -> None:
+    """With a router, generation runs prefill then decode, the replay is the prefill
+    server's: a rule in the decode server's environment only (MMA_FLASHMLA=1 there; the
+    prefill role sets it to 0) is the prefill/decode drift of the users' symptom."""
+    rules(served, {"op": "state", "precision": "bf16", "env": "MMA_FLASHMLA", "equals": "1"})
+    [port] = free_ports(1)
+    deploy(served, capsys, serving={"env": {**NOISE, "RULES_VERSION": "router"}},
+           roles={"router": {"port": port, "host": "127.0.0.1"}})
+    try:
+        code, data = probe(served, capsys)
+        report = data["report"]
+        assert f"127.0.0.1:{port} via ssh" in report["endpoint"]       # the router's port
+        assert code == 1 and report["verdict"]["above"] is True, report["verdict"]
+        assert [s["name"] for s in report["sequences"]] == ["ops-1k/turn-1", "ops-1k/turn-2"]
+    finally:
+        deploy(served, capsys, serving={"env": {**NOISE, "RULES_VERSION": "router-off"}})

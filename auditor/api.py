@@ -22,12 +22,15 @@ from patchset.model import Series
 
 from . import hostfacts
 from . import policy as policy_mod
+from . import waivers as waivers_mod
 from .checks import AuditContext, run_all
-from .model import PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report
+from .model import (PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report,
+                    counted)
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.3"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
+SCHEMA_VERSION = "1.4"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
+                                # 1.4: waivers, findings[].waiver, status waived, waiver[...]
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 PROBE_PATHS = {"drift": "/generate"}   # where a probe POSTs (else a chat completion)
@@ -148,9 +151,13 @@ def probe_records(host: HostReport) -> list[dict]:
 
 def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
              access: Access | None = None, pol: policy_mod.Policy | None = None,
-             probes: dict[str, list[ProbeResult]] | None = None) -> Report:
+             probes: dict[str, list[ProbeResult]] | None = None,
+             waivers: waivers_mod.WaiverFile | None = None,
+             clock: waivers_mod.Clock | None = None) -> Report:
     """Everything after gathering: pure, so tests feed it fixture facts (and probe
-    results) directly. Probe findings go in before ranking, which reads them."""
+    results) directly. Probe findings go in before ranking, which reads them; the waivers
+    apply after both, before the ranking, the summary and the exit code (`clock` gives
+    the day their expiry is judged by)."""
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)              # a bad symptom is bad input, before any work
@@ -168,6 +175,8 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
                         "name": series.upstream.name, "version": series.upstream.version},
                         "patches": [p.name for p in series.patches]},
                     hosts=hosts)
+    if waivers is not None:
+        report.waivers = waivers_mod.apply(hosts, waivers, clock)
     if symptom:
         report.symptom = rank(ctx, symptom, access)
     return report
@@ -175,21 +184,21 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
 
 def audit(series: Series, transports: list[Transport], symptom: str | None = None,
           access: Access | None = None, pol: policy_mod.Policy | None = None,
-          probes: HostProbes | None = None) -> Report:
+          probes: HostProbes | None = None,
+          waivers: waivers_mod.WaiverFile | None = None) -> Report:
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
     gathered = _collect(series, transports, pol, probes)
     runs = {f.host: run for f, run in gathered if run is not None}
-    return evaluate(series, [f for f, _ in gathered], symptom, access, pol, runs)
+    return evaluate(series, [f for f, _ in gathered], symptom, access, pol, runs, waivers)
 
 
 def exit_code(report: Report) -> int:
     """UNREACHABLE if a host was unreachable, else FINDINGS if a host's facts could not be
     gathered or a check did not pass (fail, warn or unknown; `info` findings are notes and
-    never count), else OK."""
+    a `waived` finding is accepted: neither counts), else OK."""
     hosts = [Exit.UNREACHABLE if not h.facts.reachable else Exit.FINDINGS if h.facts.error
              else Exit.OK for h in report.hosts]
-    checks = [Exit.FINDINGS for f in report.findings
-              if f.status != "pass" and f.severity != "info"]
+    checks = [Exit.FINDINGS for f in report.findings if counted(f.status, f.severity)]
     return Exit.combine(hosts + checks)

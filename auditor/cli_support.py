@@ -13,6 +13,8 @@ from patchset.errors import UsageError
 from patchset.model import Series
 
 from . import api
+from . import policy as policy_mod
+from . import waivers as waivers_mod
 from .rank import Access
 from .render import FORMATS
 from .report import to_dict
@@ -52,18 +54,29 @@ def access(inventory: Any, specs: list[str], inventory_file: Any = None,
     return out
 
 
+def load_waivers(option: Any, disabled: bool) -> waivers_mod.WaiverFile | None:
+    """`--waivers FILE`, else ./waivers.yaml when it exists, none with `--no-waivers`;
+    validated whole (exit 2) before any host is contacted."""
+    path = waivers_mod.locate(option, disabled)
+    return waivers_mod.load(path, policy_mod.load()) if path is not None else None
+
+
 def run(series: Series, transports: list[Any], symptom: str | None, inventory: Any,
         specs: list[str], probes: api.HostProbes | None = None,
-        inventory_file: Any = None, series_file: Any = None, measured: tuple = ()):
+        inventory_file: Any = None, series_file: Any = None, measured: tuple = (),
+        waivers: waivers_mod.WaiverFile | None = None):
     steps = access(inventory, specs, inventory_file, series_file)
     steps.measured = tuple(measured)          # --measured (auditor/measured.py load_all)
-    report = api.audit(series, transports, symptom, steps, probes=probes)
+    report = api.audit(series, transports, symptom, steps, probes=probes, waivers=waivers)
     return report, to_dict(report), api.exit_code(report)
 
 
 def summary_line(data: dict) -> str:
     c = data["summary"]["checks"]
     down = data["summary"]["unreachable"]
+    waived, notes = data["summary"].get("waived"), data["summary"].get("notes")
     return (f"{data['summary']['hosts']} host(s): {c['fail']} failed, {c['warn']} warnings, "
             f"{c['unknown']} unknown, {c['pass']} passed"
-            + (f", unreachable: {', '.join(down)}" if down else ""))
+            + (f", {waived} waived" if waived else "")
+            + (f", unreachable: {', '.join(down)}" if down else "")
+            + (f"; {notes} info note(s), not counted" if notes else ""))

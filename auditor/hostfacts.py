@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from patchset.agent.facts import checkpoint as ck
-from patchset.agent.facts import gpu, http, procs, systemd, trace, tree
+from patchset.agent.facts import gpu, http, journal, procs, systemd, trace, tree
 from patchset.agent.facts.base import Fact, FactValue
 from .model import Checkpoint, HostFacts, Proc, Server, Unit
 
@@ -73,6 +71,12 @@ def _server(rec: dict, facts: HostFacts) -> Server:
         srv.model_info = _collect(http.ModelInfo(), rec, "model_info")
         srv.health = _collect(http.Health(), rec, "health")
         srv.imports = _collect(tree.ImportOrigin(), rec, "imports")
+        srv.server_args_log = (
+            journal.ServerArgsLog().collect(rec["server_args_log"]).with_source(
+                f"journal of {unit}, pid {rec['pid']}: its startup server_args= line")
+            if rec.get("server_args_log") is not None else FactValue.unknown(
+                "no journal to read: the server does not run under a systemd unit" if not unit
+                else "the journal line was not gathered"))
         if rec.get("trace") is not None:
             srv.trace = trace.TraceRecords().collect(rec["trace"]).with_source(
                 f"trace records of {srv.id}")
@@ -86,11 +90,9 @@ def _collect(fact: Fact, rec: dict, key: str) -> FactValue:
 
 def _unit_of(rec: dict, facts: HostFacts) -> str | None:
     """The systemd unit a process runs in: its cgroup, else a unit whose MainPID it is."""
-    cgroup = rec.get("cgroup") or {}
-    for line in (cgroup.get("stdout") or "").splitlines():
-        m = re.search(r"/([^/]+\.service)(?:/|$)", line.rpartition(":")[2])
-        if m:
-            return m.group(1)
+    unit = procs.cgroup_unit((rec.get("cgroup") or {}).get("stdout") or "")
+    if unit:
+        return unit
     for name, unit in facts.units.items():
         if unit.show.known and unit.show.value.get("MainPID") == rec["pid"]:
             return name

@@ -4,12 +4,24 @@ suspects -> report. Nothing here does I/O; every stage can be printed as JSON.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from patchset.agent.facts.base import FactValue, Provenance
 
+if TYPE_CHECKING:
+    from .waivers import Waived, WaiverReport
+
 STATES = ("active", "inert", "gated-off", "not-applied", "drifted", "unknown")
 SEVERITIES = ("high", "medium", "low", "info")
+# A finding's status; `waived` (report 1.4): a non-passing one a waiver accepts.
+STATUSES = ("fail", "warn", "unknown", "waived", "pass")
+COUNTED = ("fail", "warn", "unknown")    # what makes exit code 1, unless severity info
+
+
+def counted(status: str, severity: str) -> bool:
+    """Whether a finding counts in the exit code (and as a JUnit failure or error): it did
+    not pass, is not waived, and is not an `info` note."""
+    return status in COUNTED and severity != "info"
 
 
 # ---------------------------------------------------------------- facts of one host
@@ -58,6 +70,8 @@ class Server:
     config_file: FactValue | None = None   # `--config FILE`: {"keys", "stat"} (no values)
     trace: FactValue = field(default_factory=lambda: FactValue.unknown(
         "tracing off: no PATCHSET_TRACE_DIR in the server's environ"))   # tracer records
+    server_args_log: FactValue = field(default_factory=lambda: FactValue.unknown(
+        "not gathered"))   # the server_args= line it logged at startup (journal, redacted)
 
     @property
     def argv(self) -> list[str]:
@@ -165,11 +179,12 @@ class Finding:
     subject: str                     # what it is about: "sglang-decode.service MMA_FLASHMLA"
     expected: Any
     found: Any
-    status: str                      # pass | fail | warn | unknown
+    status: str                      # pass | fail | warn | unknown | waived
     severity: str                    # high | medium | low | info
     message: str = ""
     evidence: tuple[Evidence, ...] = ()
     patches: tuple[str, ...] = ()    # patches this finding implicates (for ranking)
+    waiver: Waived | None = None     # status waived: the waiver and the status it had
 
 
 @dataclass(frozen=True)
@@ -317,6 +332,7 @@ class Report:
     series: dict
     hosts: list[HostReport]
     symptom: SymptomReport | None = None
+    waivers: WaiverReport | None = None     # the waivers file read (auditor/waivers.py)
 
     @property
     def findings(self) -> list[Finding]:

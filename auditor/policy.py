@@ -3,6 +3,7 @@
 hazards.yaml   upstream hazards: conditions (fact/op/value, like `requires`) + what clears them
 tensors.yaml   tensor patterns to read, dtypes patches assume, dtypes quant formats imply
 symptoms.yaml  how each symptom weighs paths, states, hazards and checks when ranking
+resolved_args.yaml  the ServerArgs flags SGLang rewrites at startup (auditor/resolved.py)
 
 Policy is data (ansible-lint's profiles): the ranking and the hazard findings change by
 editing these files, never the code. A bad file is a one-line error naming file and field.
@@ -95,6 +96,7 @@ class Policy:
     not_implicating: tuple[str, ...] = ()   # finding ids that name a patch but clear it
     remedies: dict[str, dict] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    resolved_args: tuple = ()           # auditor.resolved.Flag: the requested-vs-resolved data
 
     def symptom(self, name: str) -> Symptom:
         for symptom in self.symptoms.values():
@@ -187,5 +189,19 @@ def load(directory: str | None = None) -> Policy:
                   min_score=float(weights.get("min_score", 0.0)),
                   next_steps_fraction=float(weights.get("next_steps_fraction", 0.25)),
                   remedies=dict(sy.get("remedies") or {}),
+                  resolved_args=_resolved_args(base),
                   sources={"hazards": str(hz_path), "tensors": str(t_path),
-                           "symptoms": str(s_path)})
+                           "symptoms": str(s_path),
+                           "resolved_args": str(_resolved_args_path(base))})
+
+
+def _resolved_args_path(base: Path) -> Path:
+    """resolved_args.yaml of the policy directory; the shipped one for a directory that has
+    none (it describes the pinned SGLang, not a deployment)."""
+    path = base / "resolved_args.yaml"
+    return path if path.exists() else DATA / "resolved_args.yaml"
+
+
+def _resolved_args(base: Path) -> tuple:
+    from .resolved import load as load_flags     # it validates with this module's helpers
+    return load_flags(_resolved_args_path(base))

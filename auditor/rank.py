@@ -38,7 +38,7 @@ from .model import (
 )
 from .policy import Symptom
 
-SUSPECT_STATUSES = ("fail", "warn")
+SUSPECT_STATUSES = ("fail", "warn")    # never `waived`: a waived finding implicates nothing
 
 
 @dataclass

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from patchset.agent.facts.base import FactValue
-from .model import HostFacts, Report, Server
+from .model import COUNTED, STATUSES, HostFacts, Report, Server
 from patchset.agent.redact import redact
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "report.schema.json"
 SCHEMA_ID = "patchset-audit-report"
-STATUS_ORDER = ("fail", "warn", "unknown", "pass")
+STATUS_ORDER = STATUSES                        # fail, warn, unknown, waived, pass
+CHECK_COUNTS = ("pass", "fail", "warn", "unknown")   # summary.checks (waived: summary.waived)
 SEVERITY_ORDER = ("high", "medium", "low", "info")
 
 
@@ -39,7 +40,8 @@ def _server(server: Server) -> dict:
             "children": [{"pid": c.pid, "title": c.title, "started": c.started,
                           "environ": fact(c.environ)} for c in server.children],
             "server_info": fact(server.server_info), "model_info": fact(server.model_info),
-            "health": fact(server.health), "imports": fact(server.imports)}
+            "health": fact(server.health), "imports": fact(server.imports),
+            "server_args_log": fact(server.server_args_log)}
 
 
 def _facts(f: HostFacts) -> dict:
@@ -58,14 +60,18 @@ def _facts(f: HostFacts) -> dict:
 
 
 def summary(report: Report) -> dict:
-    counts = {s: 0 for s in STATUS_ORDER}
+    counts = {s: 0 for s in CHECK_COUNTS}
     for f in report.findings:
-        counts[f.status] += 1
+        if f.status in counts:
+            counts[f.status] += 1
     from .api import exit_code
     return {"hosts": len(report.hosts),
             "unreachable": [h.host for h in report.hosts if not h.facts.reachable],
             "failed": [h.host for h in report.hosts if h.facts.reachable and h.facts.error],
-            "checks": counts, "exit_code": exit_code(report)}
+            "checks": counts, "exit_code": exit_code(report),
+            "waived": sum(f.status == "waived" for f in report.findings),
+            "notes": sum(f.severity == "info" and f.status in COUNTED
+                         for f in report.findings)}
 
 
 def to_dict(report: Report) -> dict:
@@ -84,6 +90,7 @@ def to_dict(report: Report) -> dict:
                   for h in report.hosts],
         "findings": [dataclasses.asdict(f) for f in sorted_findings(report.findings)],
         "symptom": dataclasses.asdict(report.symptom) if report.symptom else None,
+        "waivers": report.waivers.to_dict() if report.waivers else None,
     }
     return redact(json.loads(json.dumps(data, default=_json_default)))
 

@@ -31,7 +31,7 @@ def srv(desc, unit):
 
 def test_checks_are_described() -> None:
     checks = describe()
-    assert len({c["id"] for c in checks}) == len(checks) == 13
+    assert len({c["id"] for c in checks}) == len(checks) == 14
     assert all(c["description"] and c["severity"] in ("high", "medium", "low") for c in checks)
 
 
@@ -41,7 +41,10 @@ def test_seed_has_exactly_the_hazard_and_the_dtype_warning(series, seed) -> None
     assert bad == [("checkpoint-dtypes[narrowed]", "warn",
                     "/models/DeepSeek-V4-Flash-NVFP4 *hc_attn_fn, *hc_ffn_fn for mhc-bf16"),
                    ("hazard[nvfp4-cutlass-no-swiglu-clamp]", "fail", D),
-                   ("hazard[nvfp4-cutlass-no-swiglu-clamp]", "fail", P)]
+                   ("hazard[nvfp4-cutlass-no-swiglu-clamp]", "fail", P),
+                   # notes (severity info): attention_backend unset, dsv4 by the V4 hook
+                   ("resolved-args[attention_backend]", "warn", f"{D} attention_backend"),
+                   ("resolved-args[attention_backend]", "warn", f"{P} attention_backend")]
 
 
 def test_env_file_changed_but_process_not_restarted(series, seed) -> None:

@@ -25,6 +25,16 @@ from hostutil import cli, free_ports, on_host
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 SECRET, TOKEN = "sk-audit-host-0123456789abcdef", "hf_AuditHostTokenABCDEFGH"
+# (server, patch) -> state of the seed layout: this host as prepared, and the seed's facts
+# (tests/audit_facts/seed.yaml; tests/test_metrics.py, tests/test_prometheus.py)
+SEED_STATES = {
+    (P, "default-thinking-reasoning"): "active", (D, "default-thinking-reasoning"): "active",
+    (P, "nvfp4-cutlass-swiglu-clamp"): "not-applied",
+    (D, "nvfp4-cutlass-swiglu-clamp"): "not-applied",
+    (P, "triton-dsa-indexer"): "gated-off", (D, "triton-dsa-indexer"): "active",
+    (P, "indexer-bf16-gemm"): "active", (D, "indexer-bf16-gemm"): "inert",
+    (P, "mma-splitk-decode"): "gated-off", (D, "mma-splitk-decode"): "active",
+    (P, "mhc-bf16"): "active", (D, "mhc-bf16"): "active"}
 
 
 def write_series(dest: Path, **changes: dict) -> Path:
@@ -145,14 +155,7 @@ def test_prepare(audit_env, capsys) -> None:
 def test_seed_layout_states_checks_and_suspects(audit_env, capsys) -> None:
     code, data = audit(audit_env, capsys, "--symptom", "context-loss")
     assert code == 1
-    assert {k: v for k, v in states(data).items()} == {
-        (P, "default-thinking-reasoning"): "active", (D, "default-thinking-reasoning"): "active",
-        (P, "nvfp4-cutlass-swiglu-clamp"): "not-applied",
-        (D, "nvfp4-cutlass-swiglu-clamp"): "not-applied",
-        (P, "triton-dsa-indexer"): "gated-off", (D, "triton-dsa-indexer"): "active",
-        (P, "indexer-bf16-gemm"): "active", (D, "indexer-bf16-gemm"): "inert",
-        (P, "mma-splitk-decode"): "gated-off", (D, "mma-splitk-decode"): "active",
-        (P, "mhc-bf16"): "active", (D, "mhc-bf16"): "active"}
+    assert {k: v for k, v in states(data).items()} == SEED_STATES
     assert reason(data, P, "mma-splitk-decode").startswith(f"gate MMA_FLASHMLA=0 in {P}")
     assert not_passing(data) == {("hazard[nvfp4-cutlass-no-swiglu-clamp]", "fail"),
                                  ("checkpoint-dtypes[narrowed]", "warn")}

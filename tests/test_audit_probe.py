@@ -189,7 +189,7 @@ def echo_key() -> Iterator[str]:
 def test_clean_server_probes_pass_as_records_and_findings(series, stand_ins, capsys) -> None:
     url = stand_ins["clean"]
     data = audited(series, clean_seed(), plan(url, "all", "1k,2k"))
-    assert data["schema_version"] == "1.3"
+    assert data["schema_version"] == "1.4"
     records = data["hosts"][0]["probes"]
     assert [(r["name"], r["probe"], r["size_tokens"], r["ok"], r["url"]) for r in records] == [
         ("recall", "recall", None, True, url), ("needle@1k", "needle", 1024, True, url),
@@ -204,7 +204,8 @@ def test_clean_server_probes_pass_as_records_and_findings(series, stand_ins, cap
     evidence = next(f for f in data["findings"] if f["id"] == "probe[recall]")["evidence"]
     assert evidence[0]["value"] == records[0]            # one record, two views
     assert evidence[0]["command"] == f"POST {url}/v1/chat/completions"     # a direct one
-    assert data["summary"]["checks"] == {"pass": 36, "fail": 0, "warn": 0, "unknown": 0}
+    # resolved-args: 10 passes, 2 notes (attention_backend unset -> dsv4, not counted)
+    assert data["summary"]["checks"] == {"pass": 46, "fail": 0, "warn": 2, "unknown": 0}
     assert data["summary"]["exit_code"] == 0
     assert main(["probe", "--url", url, "--kind", "recall", "--json"]) == 0
     alone = json.loads(capsys.readouterr().out)["results"][0]
@@ -225,7 +226,7 @@ def test_dropped_history_is_a_failed_finding_that_sets_exit_1(series, stand_ins)
     failed = data["findings"][0]                         # worst first
     assert (failed["id"], failed["expected"], failed["found"], failed["severity"]) == \
         ("probe[recall]", recall["expected"], "I don't know.", "high")
-    assert data["summary"]["checks"] == {"pass": 33, "fail": 2, "warn": 0, "unknown": 0}
+    assert data["summary"]["checks"] == {"pass": 43, "fail": 2, "warn": 2, "unknown": 0}
     assert data["summary"]["exit_code"] == 1
 
 
@@ -343,7 +344,7 @@ def test_failed_probe_shown_in_every_human_format(series, stand_ins) -> None:
     assert case.find("failure").get("message") == \
         f"expected {token}, found I don't know.: {reason}"
     assert float(case.get("time")) >= 0 and "FAIL recall" in case.find("system-out").text
-    assert root.get("failures") == "1" and root.get("tests") == "34"
+    assert root.get("failures") == "1" and root.get("tests") == "46"
     html = render(data, "html")
     assert html.count('<tr class="probe fail">') == 1
     assert '<tr class="finding fail"><td><span class="badge fail">fail</span></td>\n    ' \
@@ -369,7 +370,8 @@ def test_cli_probe_exit_codes_follow_the_probe(cli_env: dict, stand_ins, capsys)
     code, out, err = cli(capsys, "audit", HOST, "--inventory", inv, "--probe", "recall",
                          "--format", "md", "-o", str(cli_env["inventory"].parent / "r.md"))
     assert code == 1 and out == ""
-    assert err.startswith("1 host(s): 1 failed, 0 warnings, 0 unknown, 33 passed; report ")
+    assert err.startswith("1 host(s): 1 failed, 2 warnings, 0 unknown, 43 passed; 2 info "
+                          "note(s), not counted; report ")
     assert "#### FAIL probe[recall]: recall " in (cli_env["inventory"].parent / "r.md").read_text()
 
 

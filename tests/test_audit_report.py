@@ -53,8 +53,9 @@ def seed_report(series):
 def test_json_report_matches_its_schema(seed_report) -> None:
     data = report.to_dict(seed_report)
     assert report.validate(data) == []
-    assert data["schema"] == "patchset-audit-report" and data["schema_version"] == "1.3"
-    assert data["summary"]["checks"] == {"pass": 30, "fail": 2, "warn": 1, "unknown": 0}
+    assert data["schema"] == "patchset-audit-report" and data["schema_version"] == "1.4"
+    # + resolved-args: 10 passes, 2 notes (attention_backend unset -> dsv4, severity info)
+    assert data["summary"]["checks"] == {"pass": 40, "fail": 2, "warn": 3, "unknown": 0}
     assert data["summary"]["exit_code"] == 1
     assert [f["status"] for f in data["findings"][:3]] == ["fail", "fail", "warn"]
     broken = copy.deepcopy(data)
@@ -62,7 +63,7 @@ def test_json_report_matches_its_schema(seed_report) -> None:
     del broken["hosts"][0]["states"][0]["reason"]
     assert report.validate(broken) == [
         "$.hosts[0].states[0]: missing 'reason'",
-        "$.findings[0].status: 'bad' not in ['pass', 'fail', 'warn', 'unknown']"]
+        "$.findings[0].status: 'bad' not in ['pass', 'fail', 'warn', 'unknown', 'waived']"]
 
 
 def test_every_finding_has_the_record_fields(seed_report) -> None:
@@ -100,7 +101,7 @@ def test_junit_has_one_suite_per_host(series, seed_report) -> None:
     root = ET.fromstring(render(report.to_dict(rep), "junit"))
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == ["gpu1", "gpu2"]
-    assert suites[0].get("tests") == "33" and suites[0].get("failures") == "3"
+    assert suites[0].get("tests") == "45" and suites[0].get("failures") == "3"
     assert suites[1].find("testcase/error").get("message") == \
         "gpu2: unreachable (Connection refused)"
     assert api.exit_code(rep) == 3
@@ -251,7 +252,7 @@ def test_cli_output_file_and_bad_input(cli_env: Path, capsys) -> None:
     assert f"report written to {out_file}" in err
     code, _, err = run(capsys, "audit", "localhost", "--format", "xml")
     assert code == 2 and err == ("patchset: error: --format 'xml': use one of terminal, md, "
-                                 "html, json, junit\n")
+                                 "html, json, junit, prometheus\n")
     code, _, err = run(capsys, "audit", "localhost", "--symptom", "vibes")
     assert code == 2 and "unknown symptom 'vibes'" in err
 

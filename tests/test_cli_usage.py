@@ -152,3 +152,103 @@ def test_a_full_disk_or_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None
     reader.stdout.close()                      # the reader goes away mid-listing
     err = reader.stderr.read().decode()
     assert reader.wait(timeout=60) in (0, 1) and "Traceback" not in err
+
+
+def test_version_option(tmp_path: Path) -> None:
+    from patchset import __version__
+    proc = cli(tmp_path, "--version")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{__version__}\n", "")
+    assert cli(tmp_path, "version").stdout == proc.stdout          # the command stays
+
+
+def _panels(text: str) -> dict[str, list[str]]:
+    """The rows of each rich panel of a --help screen (`╭─ Options ─...╮` ... `╰...╯`)."""
+    panels: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("╭─"):
+            current = panels.setdefault(line.strip("╭─╮ ").split(" ─")[0], [])
+        elif line.startswith("╰"):
+            current = None
+        elif current is not None and line.startswith("│"):
+            current.append(line.strip("│ "))
+    return panels
+
+
+def test_help_texts_read_as_paragraphs(tmp_path: Path) -> None:
+    """At a width nothing needs wrapping (COLUMNS=1000) every command, option and argument
+    is one row and every description one line: a help text has no line break of its own
+    mid-sentence (docstrings wrapped in the source are joined, patchset/cli/app.py)."""
+    import typer.main
+    from patchset.cli import app
+    group = typer.main.get_command(app)
+    names = list(group.commands)
+    wide = {**os.environ, "COLUMNS": "1000"}
+    for argv in [(), *((name,) for name in names)]:
+        proc = subprocess.run([sys.executable, "-m", "patchset.cli", *argv, "--help"], cwd=ROOT,
+                              env={**wide, "HOME": str(tmp_path)}, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        panels = _panels(proc.stdout)
+        command = group.commands[argv[0]] if argv else group
+        params = [p for p in command.params if not getattr(p, "hidden", False)]
+        rows = panels.get("Options", []) + panels.get("Arguments", [])
+        assert len(rows) == len(params) + 1, (argv, rows)         # + --help
+        if not argv:
+            assert [row.split()[0] for row in panels["Commands"]] == names
+        head = proc.stdout.split("╭")[0].splitlines()
+        description = [line.strip() for line in head[head.index(next(
+            line for line in head if "Usage:" in line)) + 1:] if line.strip()]
+        assert len(description) == 1, (argv, description)
+
+
+def test_the_description_names_deploy_and_audit(tmp_path: Path) -> None:
+    proc = cli(tmp_path, "--help")
+    text = " ".join(proc.stdout.split("╭")[0].split())
+    assert "patch queue for SGLang that also deploys and audits" in text
+    assert "deploy the systemd prefill/decode/router units" in text and \
+        "audit the live servers" in text
+    for option in ("--version", "--install-completion", "--show-completion"):
+        assert option in proc.stdout
+
+
+def test_shell_completion_answers_from_the_whole_tree(tmp_path: Path) -> None:
+    """What the installed completion script asks: the program with _PATCHSET_COMPLETE set
+    and the words typed so far (no argument of its own)."""
+    def complete(words: str, cword: int) -> list[str]:
+        env = {**os.environ, "HOME": str(tmp_path), "_PATCHSET_COMPLETE": "complete_bash",
+               "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        proc = subprocess.run([sys.executable, "-m", "patchset.cli"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        return proc.stdout.split()
+    assert complete("patchset au", 1) == ["audit"]
+    assert complete("patchset st", 1) == ["status"]
+    assert "--format" in complete("patchset audit gpu1 --fo", 3)
+    assert complete("patchset --ver", 1) == ["--version"]
+
+
+def test_install_completion_writes_a_working_bash_script_into_home(tmp_path: Path) -> None:
+    """`patchset --install-completion` from bash (the shell is detected from the parents):
+    the script lands in $HOME (a scratch one here), .bashrc sources it, and sourcing it
+    completes `patchset st` to `status` through the real program."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    proc = subprocess.run(["bash", "-c", '"$0" -m patchset.cli --install-completion; exit $?',
+                           sys.executable], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    script = home / ".bash_completions" / "patchset.sh"
+    assert "bash completion installed in" in proc.stdout and script.is_file()
+    assert f"source '{script}'" in (home / ".bashrc").read_text()
+    wrapper = tmp_path / "bin" / "patchset"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\ncd {ROOT} && exec {sys.executable} -m patchset.cli "$@"\n')
+    wrapper.chmod(0o755)
+    done = subprocess.run(["bash", "-c", f"source '{script}'; COMP_WORDS=(patchset st); "
+                           "COMP_CWORD=1; _patchset_completion patchset; "
+                           'printf "%s\\n" "${COMPREPLY[@]}"'],
+                          env={**env, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["status"], done.stderr

@@ -13,6 +13,7 @@ from . import (
     imported_tree,
     pd_consistency,
     pinned_base,
+    resolved_args,
     secrets,
     server_health,
     stale_process,
@@ -23,7 +24,8 @@ from .base import AuditContext
 
 CHECKS: tuple[ModuleType, ...] = (
     server_health, tree_drift, foreign_commits, pinned_base, imported_tree, stale_process,
-    trace, gate_env, gpu_arch, pd_consistency, checkpoint_dtypes, hazards, secrets,
+    trace, gate_env, gpu_arch, pd_consistency, resolved_args, checkpoint_dtypes, hazards,
+    secrets,
 )
 
 

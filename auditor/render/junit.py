@@ -1,14 +1,21 @@
 """JUnit XML: one <testsuite> per host, one <testcase> per check finding.
 
-fail -> <failure>, warn -> <failure type="warning">, unknown -> <skipped> (the reason),
-an unreachable host -> a single <error> testcase. Evidence goes to <system-out>. A probe
-finding (probe[recall], probe[needle]) is a testcase like a check, timed by its request.
+Failures and errors are exactly what makes the exit code 1 (model.counted), so a CI that
+reads the XML and one that reads the exit code agree:
+fail -> <failure type=SEVERITY>; warn -> <failure type="warning"> (a warning counts in the
+exit code, so it is a failure); unknown -> <error type="unknown"> (not decided: the reason);
+an unreachable host, or one whose facts could not be gathered -> a single <error> testcase.
+What does not count is <skipped>: a waived finding (`waived: JUSTIFICATION`, the waiver in
+<system-out>) and an `info` note that did not pass (`info: ...`). A pass is a bare
+testcase. Evidence goes to <system-out>. A probe finding (probe[recall], probe[needle]) is
+a testcase like a check, timed by its request.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from ..model import counted
 from . import view
 
 
@@ -36,18 +43,27 @@ def render(data: dict) -> str:
             text = (f"expected {view.short(f['expected'], 200)}, found "
                     f"{view.short(f['found'], 200)}" + (f": {f['message']}" if f["message"]
                                                         else ""))
-            if f["status"] == "fail":
+            out = [view.evidence_line(ev) for ev in f["evidence"]]
+            if f["status"] == "waived":
+                ET.SubElement(case, "skipped",
+                              message=f"waived: {f['waiver']['justification']}")
+                counts["skipped"] += 1
+                out.insert(0, f"{view.waiver_line(f['waiver'])}: {text}")
+            elif f["status"] != "pass" and not counted(f["status"], f["severity"]):
+                ET.SubElement(case, "skipped", message=f"info: {f['message'] or text}")
+                counts["skipped"] += 1
+            elif f["status"] == "fail":
                 ET.SubElement(case, "failure", message=text, type=f["severity"]).text = text
                 counts["failures"] += 1
             elif f["status"] == "warn":
                 ET.SubElement(case, "failure", message=text, type="warning").text = text
                 counts["failures"] += 1
             elif f["status"] == "unknown":
-                ET.SubElement(case, "skipped", message=f"unknown: {f['message'] or text}")
-                counts["skipped"] += 1
-            if f["evidence"]:
-                ET.SubElement(case, "system-out").text = "\n".join(
-                    view.evidence_line(ev) for ev in f["evidence"])
+                ET.SubElement(case, "error", message=f"unknown: {f['message'] or text}",
+                              type="unknown").text = text
+                counts["errors"] += 1
+            if out:
+                ET.SubElement(case, "system-out").text = "\n".join(out)
         for key, value in counts.items():
             suite.set(key, str(value))
             totals[key] += value

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 STYLE = {"fail": "bold red", "FAIL": "bold red", "warn": "yellow", "unknown": "magenta",
-         "pass": "green", "active": "green", "inert": "dim", "gated-off": "dim",
+         "pass": "green", "waived": "cyan", "expired": "yellow", "unused": "dim",
+         "active": "green", "inert": "dim", "gated-off": "dim",
          "not-applied": "dim", "drifted": "bold red"}
 
 
@@ -36,8 +37,11 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
                   f"{data['series']['upstream']['version']}, {s['hosts']} host(s): "
                   f"{_tag('fail')} {c['fail']}  {_tag('warn')} {c['warn']}  "
                   f"{_tag('unknown')} {c['unknown']}  {_tag('pass')} {c['pass']}"
+                  + (f"  {_tag('waived')} {s['waived']}" if s.get("waived") else "")
                   + (f"  unreachable: {escape(', '.join(s['unreachable']))}"
-                     if s["unreachable"] else ""))
+                     if s["unreachable"] else "")
+                  + (f"  ({s['notes']} info note(s), not counted)" if s.get("notes") else "")
+                  + f"  exit {s['exit_code']}", soft_wrap=True)
     if data.get("symptom"):
         sym = data["symptom"]
         table = Table(title=f"Suspects for: {escape(sym['title'])}", title_justify="left",
@@ -82,8 +86,10 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
                                                for col in columns))
             console.print(states)
             _probes(console, host)
-        bad = [f for f in findings.get(host["host"], []) if f["status"] != "pass"]
-        passed = len(findings.get(host["host"], [])) - len(bad)
+        mine = findings.get(host["host"], [])
+        bad = [f for f in mine if f["status"] not in ("pass", "waived")]
+        waived = [f for f in mine if f["status"] == "waived"]
+        passed = len(mine) - len(bad) - len(waived)
         if bad:
             checks = Table(title="checks not passing", title_justify="left", expand=True,
                            show_lines=False)
@@ -95,8 +101,45 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
                                                       else "")),
                                escape(view.short(f["expected"])), escape(view.short(f["found"])))
             console.print(checks)
-        console.print(f"  {passed} check(s) passed" + ("" if bad else ", none failed"))
+        if waived:
+            _waived(console, waived)
+        console.print(f"  {passed} check(s) passed" + (f", {len(waived)} waived" if waived
+                                                       else "") + ("" if bad else ", none failed"))
+    _waivers(console, data)
     return buffer.getvalue()
+
+
+def _waived(console: Console, waived: list[dict]) -> None:
+    """The host's waived findings, each with its justification (they do not count)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="waived (not counted)", title_justify="left", expand=True)
+    for col in ("status", "was", "check", "subject", "justification", "by, until"):
+        table.add_column(col, overflow="fold")
+    for f in waived:
+        w = f["waiver"]
+        table.add_row(_tag("waived"), w["status"], escape(f["id"]), escape(f["subject"]),
+                      escape(w["justification"]),
+                      escape(f"{w['who']}, {w['expires']} ({w['file']}:{w['line']})"))
+    console.print(table)
+
+
+def _waivers(console: Console, data: dict) -> None:
+    """The waivers file the audit read: what each waiver did."""
+    from rich.markup import escape
+
+    if not data.get("waivers"):
+        return
+    rows = view.waivers(data)
+    console.rule(f"[bold]waivers[/bold] {escape(data['waivers']['file'])}", align="left")
+    if not rows:
+        console.print("  none in the file")
+    for w in rows:
+        console.print(f"  {_tag(w['state'])} {escape(w['where'])} {escape(w['id'])} on "
+                      f"{escape(w['host'])} {escape(repr(w['subject']))}: "
+                      f"{len(w['findings'])} finding(s), by {escape(w['who'])} until "
+                      f"{w['expires']}: {escape(w['justification'])}", soft_wrap=True)
 
 
 def _probes(console: Console, host: dict) -> None:

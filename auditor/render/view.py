@@ -112,6 +112,21 @@ def evidence_line(ev: dict) -> str:
     return f"{ev['what']}: {short(ev['value'], 120)}{where}"
 
 
+# ---------------------------------------------------------------- waivers (waivers.yaml)
+
+def waiver_line(waiver: dict) -> str:
+    """A waived finding's waiver, in one phrase (the justification is shown on its own)."""
+    return (f"waived by {waiver['who']} until {waiver['expires']} (was {waiver['status']}; "
+            f"{waiver['file']}:{waiver['line']})")
+
+
+def waivers(data: dict) -> list[dict]:
+    """The report's waivers, one row each: {state: applied|expired|unused, where, ...}."""
+    section = data.get("waivers") or {}
+    return [{"state": state, "where": f"{section['file']}:{w['line']}", **w}
+            for state in ("applied", "expired", "unused") for w in section.get(state) or []]
+
+
 # ---------------------------------------------------------------- fidelity probes
 
 def probe_status(record: dict) -> str:

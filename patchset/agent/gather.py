@@ -5,7 +5,8 @@ host like every other op; in-process for localhost. It reads through runner.py a
 fact classes (facts/), and asks the engine for the tree's status.
 
 It chains what one step tells the next (unit -> MainPID -> scheduler children -> port ->
-/server_info -> model path -> index -> shard headers), so it parses a little itself, with
+/server_info -> model path -> index -> shard headers; cgroup unit + pid -> the startup
+server_args= line of the journal), so it parses a little itself, with
 the same fact classes the controller uses. Every record keeps its provenance (command,
 exit code, duration); nothing here raises for a fact that cannot be had: the record says
 why. Secrets are redacted before anything is returned (redact.py).
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .facts import checkpoint as ck
-from .facts import gpu, http, procs, systemd, trace, tree
+from .facts import gpu, http, journal, procs, systemd, trace, tree
 from .tracer import DIR_VAR as TRACE_DIR_VAR
 from .facts.base import Command
 from .redact import Redactor
@@ -137,6 +138,10 @@ class Gatherer:
         rec["server_info"] = self.http_first(http.ServerInfo(), base, token)
         rec["model_info"] = self.http_first(http.ModelInfo(), base, token)
         rec["health"] = self.r.http(http.Health().command(base=base), token)
+        unit = procs.cgroup_unit(rec["cgroup"].get("stdout") or "")
+        if unit:     # the ServerArgs it logged at startup (redacted by the runner)
+            rec["server_args_log"] = self.r.run(journal.ServerArgsLog().command(unit=unit,
+                                                                                pid=pid))
         rec["imports"], _ = process_import(pid, argv, environ, self.req.get("package", "sglang"),
                                            self.r)
         info = http.ServerInfo().collect(rec["server_info"]).value or {}

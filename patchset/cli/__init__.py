@@ -18,6 +18,7 @@ from . import isolate  # noqa: E402,F401
 from . import rebase  # noqa: E402,F401
 from . import audit  # noqa: E402,F401
 from . import bisect  # noqa: E402,F401
+from . import serve  # noqa: E402,F401
 from .app import DeployView  # noqa: E402
 
 __all__ = ["app", "main", "DeployView"]

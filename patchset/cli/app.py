@@ -26,14 +26,37 @@ if TYPE_CHECKING:              # annotations only: --help never needs the data m
     from ..model import Series
 
 
+HELP = ("A quilt-style patch queue for SGLang that also deploys and audits what it "
+        "serves: keep local patches as a strict series (risk tier, path, env gate), apply "
+        "and revert them atomically on local and SSH hosts, deploy the systemd "
+        "prefill/decode/router units that run the patched tree, and audit the live servers: "
+        "which patches really run, what drifted, and which ones are the suspects for a "
+        "symptom.")
+COMPLETE_VAR = "_PATCHSET_COMPLETE"     # set by the shell's completion script (click's rule)
+
+
 def new_app() -> typer.Typer:
     """The one Typer configuration: `app` (where the command modules register their
     commands) and the one-command tree `command_tree` builds are both made here, so they
-    parse, render and fail alike."""
-    return typer.Typer(add_completion=False, no_args_is_help=False,
-                       pretty_exceptions_enable=False,
-                       help="A quilt-style patch queue for SGLang: strict series, atomic "
-                            "apply, exact revert, status and drift.")
+    parse, render and fail alike. `add_completion` gives the whole tree (command_tree)
+    typer's --install-completion and --show-completion."""
+    tree = typer.Typer(add_completion=True, no_args_is_help=False,
+                       pretty_exceptions_enable=False, help=HELP)
+    tree.callback()(_root)
+    return tree
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        print(__version__)
+        raise typer.Exit()
+
+
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                       is_eager=True, help="Print patchset's version and "
+                                       "exit.")) -> None:
+    """The options before the command (`patchset --version`)."""
 
 
 app = new_app()
@@ -67,6 +90,14 @@ LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another p
 HealthTimeoutOpt = SecondsOpt(None, "--health-timeout", help="seconds to wait for each "
                               "unit's /health [the role's health_timeout, else its "
                               "TimeoutStartSec]")
+
+ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="read the endpoint's API key from "
+                            "this environment variable (the key is never shown)")
+ProbeTimeoutOpt = SecondsOpt(600.0, "--probe-timeout", help="seconds per probe request")
+WaiversOpt = typer.Option(None, "--waivers", help="the waivers file (default: ./waivers.yaml "
+                          "when it exists): findings accepted on purpose, shown as waived, "
+                          "not counted in the exit code")
+NoWaiversOpt = typer.Option(False, "--no-waivers", help="read no waivers file")
 
 InventoryOpt = typer.Option(None, "--inventory", help="hosts.yaml [default: ./hosts.yaml or "
                             "$PATCHSET_INVENTORY]")
@@ -286,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         check_arguments(args)
-        if not args:
+        if not args and not os.environ.get(COMPLETE_VAR):     # a completion request has none
             raise UsageError("no command given (see `patchset --help` for the commands)")
         if "--help" in args:
             import_help_renderer()
@@ -330,14 +361,26 @@ def command_tree(args: list[str]) -> typer.core.TyperGroup:
     command, the group holds that command alone; anything else (`--help`, an option
     first, an unknown or misspelt name, which click answers with the command list or a
     suggestion) gets the whole app. `typer.main.get_group` keeps a one-command tree a
-    group (typer would make a lone command the program itself)."""
+    group (typer would make a lone command the program itself). The whole app also gets
+    --install-completion and --show-completion (`typer.main.get_command`): those, like
+    --version, come before any command, and a completion request names none."""
     chosen = [info for info in app.registered_commands
               if args and command_name(info) == args[0]]
+    for info in chosen or app.registered_commands:
+        info.help = paragraphs(info.help or info.callback.__doc__ or "")
     if not chosen:
-        return typer.main.get_group(app)
+        return typer.main.get_command(app)
     tree = new_app()
     tree.registered_commands = chosen
     return typer.main.get_group(tree)
+
+
+def paragraphs(text: str) -> str:
+    """A help text as paragraphs, each on one line: typer's rich help keeps a docstring's
+    line breaks (the command list does), so a sentence wrapped in the source would be
+    broken mid-sentence on the screen; rich wraps the joined lines to the terminal."""
+    import inspect
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
 # typer's help renderer, typer.rich_utils, imports rich.markdown (markdown-it-py, and

@@ -9,9 +9,9 @@ from typing import List, Optional
 
 import typer
 
-from .app import (AcceptNewOpt, InventoryOpt, JsonOpt, SecondsOpt, SeriesOpt, TargetOpt, app,
-                  emit_json, esc, host_error, load, term,
-                  output_file, resolver_for, say, write_atomic)
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, JsonOpt, NoWaiversOpt,
+                  ProbeTimeoutOpt, SeriesOpt, TargetOpt, WaiversOpt, app, emit_json, esc,
+                  host_error, load, term, output_file, resolver_for, say, write_atomic)
 
 
 
@@ -23,7 +23,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           symptom: Optional[str] = typer.Option(None, "--symptom", help="rank suspects for "
                                                 "context-loss | decode-quality | throughput"),
           fmt: str = typer.Option("terminal", "--format", help="terminal | md | html | json "
-                                  "| junit"),
+                                  "| junit | prometheus"),
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the "
                                                 "report to FILE instead of stdout",
                                                 callback=output_file),
@@ -32,22 +32,20 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                                               "recall | needle | all | drift"),
           probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle "
                                                     "prompt sizes in tokens [8k,16k,32k]"),
-          api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
-                                                    "endpoint's API key from this "
-                                                    "environment variable"),
-          probe_timeout: float = SecondsOpt(600.0, "--probe-timeout", help="seconds per "
-                                              "probe request"),
+          api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
           measured: Optional[List[Path]] = typer.Option(None, "--measured", help="a "
                                                         "`patchset bisect HOST --probe "
                                                         "drift` report of an audited host: "
                                                         "its measured contributions rank "
                                                         "the --symptom's suspects "
                                                         "(repeatable)"),
+          waivers: Optional[Path] = WaiversOpt, no_waivers: bool = NoWaiversOpt,
           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
           accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Gather live facts (one round trip per host), give every patch its effective state,
-    run the checks (and with --probe the fidelity probes of `patchset probe`), rank
-    suspects for a symptom. Exit 0 clean, 1 findings (a failed probe too), 3 unreachable."""
+    run the checks (and with --probe the fidelity probes of `patchset probe`), apply the
+    waivers, rank suspects for a symptom. Exit 0 clean (waived findings aside), 1 findings
+    (a failed probe too), 3 unreachable."""
     from auditor import cli_support
     from auditor.measured import load_all as load_measured
     from auditor.render import render
@@ -55,13 +53,14 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     s = load(series)
     cli_support.check_format(fmt)
     runs = load_measured(measured or [], hosts, s, symptom)     # before any host is contacted
+    waived = cli_support.load_waivers(waivers, no_waivers)      # likewise
     with resolver_for(s, inventory, target, accept_new) as resolver:
         plan = audit_probes(probe, probe_sizes, api_key_env, probe_timeout,
                             resolver.inventory, hosts, resolver.endpoint)
         transports = [resolver.audit_transport(h) for h in hosts]
         report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
                                              plan, inventory_file=inventory, series_file=series,
-                                             measured=runs)
+                                             measured=runs, waivers=waived)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:

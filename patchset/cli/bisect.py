@@ -12,9 +12,9 @@ from typing import Optional
 import typer
 
 from ..errors import Exit
-from .app import (AcceptNewOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt, SecondsOpt,
-                  SeriesOpt, TargetOpt, app, emit_json, esc, load, output_file, resolver_for, say,
-                  term)
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt,
+                  ProbeTimeoutOpt, SeriesOpt, TargetOpt, app, emit_json, esc, load, output_file,
+                  resolver_for, say, term)
 
 
 @app.command()
@@ -31,10 +31,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                        "orders the suspects"),
            url: Optional[str] = typer.Option(None, "--url", help="probe this endpoint "
                                              "[default: the host's router, else decode port]"),
-           api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
-                                                     "API key from this environment variable"),
-           probe_timeout: float = SecondsOpt(600.0, "--probe-timeout", help="seconds per "
-                                               "probe request"),
+           api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
            restore: bool = typer.Option(False, "--restore", help="only finish the restore of "
                                         "an unfinished bisect on HOST (even one started "
                                         "elsewhere), then stop"),

@@ -13,6 +13,7 @@ import typer
 from ..errors import Exit, UsageError
 from .app import (
     AcceptNewOpt,
+    ApiKeyEnvOpt,
     SecondsOpt,
     InventoryOpt,
     JsonOpt,
@@ -40,8 +41,7 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
                                              "[default: recall and needle]"),
           sizes: Optional[str] = typer.Option(None, "--sizes", help="prompt sizes in tokens "
                                               "[8k,16k,32k]"),
-          api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="read the "
-                                                    "API key from this environment variable"),
+          api_key_env: Optional[str] = ApiKeyEnvOpt,
           timeout: float = SecondsOpt(600.0, "--timeout", help="seconds per request"),
           save: Optional[Path] = typer.Option(None, "--save", help="drift: keep this run's "
                                               "tokens and logprobs in FILE (for --against)",

@@ -149,5 +149,5 @@ def _strerror(code: int) -> str:
 
 def get(name: str) -> Fact:
     """A fact by its name (`gpu.GpuList`), for the data-driven tests and the docs."""
-    from . import checkpoint, gpu, http, procs, systemd, trace, tree  # noqa: F401 - registers
+    from . import checkpoint, gpu, http, journal, procs, systemd, trace, tree  # noqa: F401 - registers
     return FACTS[name]()

@@ -7,6 +7,7 @@ kernels run and the patch gates are read) are both facts.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .base import Command, Fact, Unavailable, ok_output
@@ -100,3 +101,13 @@ class ConfigFile(Fact):
     def process(self, raw: dict) -> dict:
         keys = [line.strip() for line in ok_output(raw).splitlines() if line.strip()]
         return {"keys": keys, "stat": raw.get("stat")}
+
+
+def cgroup_unit(text: str) -> str | None:
+    """The systemd service a process runs in, from its /proc/PID/cgroup lines
+    (`0::/system.slice/sglang-decode.service`), or None outside one."""
+    for line in text.splitlines():
+        m = re.search(r"/([^/]+\.service)(?:/|$)", line.rpartition(":")[2])
+        if m:
+            return m.group(1)
+    return None

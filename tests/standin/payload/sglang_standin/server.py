@@ -13,7 +13,9 @@ What runs, in the order the real server does it:
    ...).  The other post-init hooks need a GPU and the checkpoint
    (attention/MoE backend resolution, memory sizing, page size per model) and
    are NOT run: ``/server_info`` shows those fields as given on the command
-   line (``auto``/``None``), which the audit must treat as "not resolved";
+   line (``auto``/``None``), which the audit must treat as "not resolved",
+   unless ``STANDIN_RESOLVED_ARGS=field=value,...`` resolves them as the hooks
+   would on the real GPU (``STANDIN_LOGGED_ARGS``: in the log line only);
 3. ``_set_envs_and_config``'s environment edits (NCCL_*, CUDA_*, TRTLLM_*,
    CUTE_DSL_*, SGLANG_RUN_ID, PROMETHEUS_MULTIPROC_DIR, RLIMIT_NOFILE) and the
    ``server_args=ServerArgs(...)`` log line (secrets included, as upstream);
@@ -510,6 +512,26 @@ def make_bootstrap_handler(engine: Engine) -> type[Handler]:
     return BootstrapHandler
 
 
+RESOLVED_ENV, LOGGED_ENV = "STANDIN_RESOLVED_ARGS", "STANDIN_LOGGED_ARGS"
+
+
+def _env_args(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``FIELD=VALUE,...`` of a knob (a VALUE is a Python literal, else a string): ServerArgs
+    fields as a real server's startup hooks would resolve them (STANDIN_RESOLVED_ARGS:
+    /server_info and the ``server_args=`` line; STANDIN_LOGGED_ARGS: that line only). A
+    name that is no ServerArgs field is a startup error."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (os.environ.get(name) or "").split(",")):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or key not in values:
+            raise ValueError(f"{name}: {item!r} is not FIELD=VALUE of a ServerArgs field")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
 def _server_args_repr(values: dict[str, Any]) -> str:
     return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
 
@@ -532,13 +554,15 @@ def main(argv: list[str] | None = None) -> None:
                                  dict(os.environ))
         faults = chat.Faults.parse(",".join([os.environ.get(chat.FAULT_ENV) or "", *ruled]))
         numerics = toy.Numerics.from_env(dict(os.environ), derive.locate_tree())
+        resolved, logged = _env_args(RESOLVED_ENV, values), _env_args(LOGGED_ENV, values)
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"stand-in: {exc}\n")
         sys.exit(1)
     d.server_args.missing_defaults(values)
+    values.update(resolved)     # what the post-init hooks would resolve on a real GPU
     d.set_envs(types.SimpleNamespace(**values))
     logger.debug("stand-in: parts of _set_envs_and_config not run: %s", d.env_skipped)
-    logger.info(f"server_args={_server_args_repr(values)}")
+    logger.info(f"server_args={_server_args_repr(dict(values, **logged))}")
     if str(faults) != "none":
         logger.warning("stand-in: injected faults: %s", faults)
     if str(numerics) != "float64":

@@ -1,0 +1,407 @@
+"""`patchset serve`: the audit as a Prometheus exporter (the way goss `serve` is one).
+
+One worker thread per host re-audits it on a schedule, so hosts run in parallel and a
+host never has two audits in flight. After a successful audit the next starts `interval`
+after this one started; after a failed one (unreachable, facts not gathered, the audit
+raised) the wait doubles with every consecutive failure, from `interval` up to
+`max_backoff` (8 intervals by default), and the first success resets it.
+
+A scrape never waits for an audit: each finished audit rebuilds, under a lock of its own,
+the merged report (`/report.json`) and its metric families (auditor/metrics.py); a scrape
+takes the latest of both under a lock held only to copy two references and the workers'
+counters, then serializes them. `/healthz` says whether every worker is alive.
+
+The audits themselves are passed in (`audit(host) -> report dict`, `failed(host,
+message) -> report dict`): the CLI builds them on the transports and probes it holds
+(patchset/cli/serve.py), tests and bench feed fixture reports, and this read-only package
+never imports the code that reaches hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import re
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from patchset.errors import Exit, PatchsetError, UsageError
+
+from . import metrics
+from .report import SEVERITY_ORDER, STATUS_ORDER
+
+DEFAULT_LISTEN = "127.0.0.1:9808"
+DEFAULT_INTERVAL = 300.0
+BACKOFF_CAP = 8                       # max_backoff, in intervals, unless given
+MIN_INTERVAL, MAX_INTERVAL = 0.5, 7 * 24 * 3600.0
+ERROR_REASONS = ("unreachable", "gather", "error")   # audit_errors_total's reason label
+UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+Audit = Callable[[str], dict]
+Failed = Callable[[str, str], dict]
+
+
+def parse_duration(text: str, flag: str = "--interval") -> float:
+    """`300`, `30s`, `5m`, `1h`, `500ms` -> seconds, within MIN_INTERVAL..MAX_INTERVAL."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", text.strip())
+    seconds = float(found.group(1)) * UNITS[found.group(2) or "s"] if found else None
+    if seconds is None or not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
+        raise UsageError(f"{flag} {text!r}: use a duration like 30s, 5m or 1h "
+                         f"({MIN_INTERVAL:g}s to one week)")
+    return seconds
+
+
+def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
+    """`ADDRESS:PORT` (`[::1]:9808` for IPv6). Only a loopback address unless `public`:
+    the report names hosts, paths and patches to whoever can connect."""
+    found = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^\s:\[\]]+):(\d{1,5})", text)
+    if not found:
+        raise UsageError(f"--listen {text!r}: use ADDRESS:PORT, e.g. {DEFAULT_LISTEN}")
+    address = found.group(1) or found.group(3)
+    port = int(found.group(2) or found.group(4))
+    if not 0 < port < 65536:
+        raise UsageError(f"--listen {text!r}: port {port} is not 1-65535")
+    if address != "localhost":
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            raise UsageError(f"--listen {text!r}: use an IP address or localhost") from None
+        if not ip.is_loopback and not public:
+            raise UsageError(f"--listen {text!r} is not a loopback address: the report and "
+                             "metrics name hosts, paths and patches; add --public to "
+                             "serve them beyond this machine")
+    return address, port
+
+
+def backoff(interval: float, failures: int, cap: float) -> float:
+    """The wait after `failures` consecutive failed audits: interval, 2x, 4x, ... <= cap."""
+    if failures <= 0:
+        return interval
+    return min(cap, interval * 2.0 ** min(failures - 1, 30))
+
+
+def merge(parts: list[dict]) -> dict | None:
+    """One report of several single-host reports (each auditor.report.to_dict): hosts and
+    findings in order (worst first, stable), the summary recounted, the exit code the
+    combination of theirs (Exit.combine: unreachable wins, else the worst)."""
+    if not parts:
+        return None
+    latest = max(parts, key=lambda d: d.get("generated") or "")
+    checks: dict[str, int] = {}
+    for d in parts:
+        for status in d["summary"]["checks"]:
+            checks.setdefault(status, 0)
+    findings = [f for d in parts for f in d["findings"]]
+    for f in findings:
+        checks[f["status"]] = checks.get(f["status"], 0) + 1
+
+    def rank(order: tuple, value: str) -> int:
+        return order.index(value) if value in order else len(order)
+    findings.sort(key=lambda f: (rank(STATUS_ORDER, f["status"]),
+                                 rank(SEVERITY_ORDER, f["severity"])))
+    summary = {"hosts": sum(d["summary"]["hosts"] for d in parts),
+               "unreachable": [h for d in parts for h in d["summary"]["unreachable"]],
+               "failed": [h for d in parts for h in d["summary"]["failed"]],
+               "checks": checks,
+               "exit_code": int(Exit.combine(d["summary"]["exit_code"] for d in parts))}
+    out = {**latest, "summary": summary, "hosts": [h for d in parts for h in d["hosts"]],
+           "findings": findings, "symptom": None}
+    if any(d.get("waivers") for d in parts):
+        out["waivers"] = _merge_waivers([d["waivers"] for d in parts if d.get("waivers")])
+    return out
+
+
+def _merge_waivers(sections: list[dict]) -> dict:
+    """The `waivers` section of per-host audits as one audit of every host would give it:
+    a waiver applied (or expired) on any host is that, with every host's findings; it is
+    unused only when no host used it."""
+    def key(w: dict) -> tuple:
+        return (w.get("line"), w.get("id"), w.get("host"), w.get("subject"))
+    merged: dict[str, dict[tuple, dict]] = {"applied": {}, "expired": {}}
+    for part in sections:
+        for kind in merged:
+            for w in part.get(kind, []):
+                held = merged[kind].setdefault(key(w), {**w, "findings": []})
+                held["findings"] = held["findings"] + list(w.get("findings", []))
+    used = set(merged["applied"]) | set(merged["expired"])
+    unused: dict[tuple, dict] = {}
+    for part in sections:
+        for w in part.get("unused", []):
+            if key(w) not in used:
+                unused.setdefault(key(w), w)
+    return {**sections[-1], "applied": list(merged["applied"].values()),
+            "expired": list(merged["expired"].values()), "unused": list(unused.values())}
+
+
+@dataclasses.dataclass
+class HostState:
+    report: dict | None = None           # the latest audit's report of this host
+    last_success: float | None = None
+    last_duration: float = 0.0
+    audits: int = 0
+    errors: Counter = dataclasses.field(default_factory=Counter)
+    failures: int = 0                    # consecutive
+    in_progress: bool = False
+    next_at: float | None = None
+    # (server id) -> ((pid, started), {patch: state}): the first audit of its process
+    deployed: dict = dataclasses.field(default_factory=dict)
+
+
+class Exporter:
+    """The schedule, the last reports and what a scrape reads; `serve` adds HTTP."""
+
+    def __init__(self, hosts: list[str], audit: Audit, failed: Failed,
+                 interval: float = DEFAULT_INTERVAL, max_backoff: float | None = None,
+                 clock: Callable[[], float] = time.time,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.hosts = list(dict.fromkeys(hosts))
+        self.audit, self.failed = audit, failed
+        self.interval = interval
+        self.max_backoff = max(interval, max_backoff if max_backoff is not None
+                               else BACKOFF_CAP * interval)
+        self.clock, self.log = clock, log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.started = clock()
+        self.state = {h: HostState() for h in self.hosts}
+        self._lock = threading.Lock()           # the state and the published snapshot
+        self._rebuild_lock = threading.Lock()   # one rebuild at a time (never a scrape)
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._server: ThreadingHTTPServer | None = None
+        self._report: dict | None = None
+        self._report_json = b""
+        self._families: list = []
+
+    # ------------------------------------------------------------ auditing
+
+    def audit_once(self, host: str) -> float:
+        """One audit of `host` (its state, the published report and families updated);
+        returns the seconds to wait before the next one."""
+        st = self.state[host]
+        with self._lock:
+            st.in_progress = True
+        start = self.clock()
+        try:
+            data = self.audit(host)
+            entry = data["hosts"][0]
+            reason = None if metrics.host_ok(entry) else (
+                "unreachable" if not entry.get("reachable") else "gather")
+        except Exception as exc:  # noqa: BLE001 - a failed audit is a metric, not a crash
+            from patchset.agent.redact import redact_text
+            message = redact_text(" ".join(str(exc).split()) or type(exc).__name__)
+            self.log(f"{host}: audit failed: {message}")
+            if not isinstance(exc, PatchsetError):           # a bug: its trace too
+                self.log(redact_text(traceback.format_exc()).rstrip())
+            data, reason = self.failed(host, f"audit failed: {message}"), "error"
+        end = self.clock()
+        with self._lock:
+            st.report, st.in_progress = data, False
+            st.audits += 1
+            st.last_duration = end - start
+            if reason is None:
+                st.failures, st.last_success = 0, end
+                _track_deployed(st, data["hosts"][0])
+            else:
+                st.failures += 1
+                st.errors[reason] += 1
+            period = backoff(self.interval, st.failures, self.max_backoff)
+            wait = max(0.0, start + period - end)
+            st.next_at = end + wait
+        if reason is not None:
+            self.log(f"{host}: {reason}; next audit in {wait:.0f}s "
+                     f"({st.failures} failure(s) in a row)")
+        self.publish()
+        return wait
+
+    def publish(self) -> None:
+        """Rebuild the merged report and its families from every host's latest report and
+        swap them in (a scrape in between serves the previous ones, whole)."""
+        with self._rebuild_lock:
+            with self._lock:
+                parts = [self.state[h].report for h in self.hosts if self.state[h].report]
+                success = {h: st.last_success for h, st in self.state.items()
+                           if st.last_success is not None}
+                deployed = {(h, sid): dict(states) for h, st in self.state.items()
+                            for sid, (_, states) in st.deployed.items()}
+            data = merge(parts)
+            families = list(metrics.report_families(data, success, deployed)) if data else []
+            body = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode() if data else b""
+            with self._lock:
+                self._report, self._report_json, self._families = data, body, families
+
+    def _work(self, host: str) -> None:
+        while not self._stop.is_set():
+            wait = self.audit_once(host)
+            if self._stop.wait(wait):
+                return
+
+    def start(self) -> None:
+        for host in self.hosts:
+            worker = threading.Thread(target=self._work, args=(host,), daemon=True,
+                                      name=f"patchset-serve {host}")
+            worker.start()
+            self._workers.append(worker)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:           # an audit in flight finishes or is left
+            worker.join(max(0.0, deadline - time.monotonic()))
+
+    # ------------------------------------------------------------ what a scrape reads
+
+    def families(self) -> list:
+        """The published report families plus the exporter's own (schedule, counters)."""
+        with self._lock:
+            published = list(self._families)
+            live = {h: dataclasses.replace(st, errors=Counter(st.errors), report=None,
+                                           deployed={})
+                    for h, st in self.state.items()}
+        fam = metrics.Families()
+        fam.gauge("audit_interval_seconds", "seconds between the audits of a host "
+                  "(--interval)", (), (), self.interval)
+        fam.gauge("exporter_start_time_seconds", "when `patchset serve` started", (), (),
+                  self.started)
+        for h, st in live.items():
+            fam.counter("audits", "audits of the host finished (successful or not)",
+                        ("host",), (h,), st.audits)
+            for reason in ERROR_REASONS:
+                fam.counter("audit_errors", "audits that did not succeed, by why: "
+                            "unreachable, gather (the agent gave no facts), error (the "
+                            "audit raised)", ("host", "reason"), (h, reason),
+                            st.errors.get(reason, 0))
+            fam.gauge("audit_in_progress", "1 while an audit of the host runs", ("host",),
+                      (h,), st.in_progress)
+            fam.gauge("audit_duration_seconds", "how long the host's last audit took "
+                      "(gather, checks and probes)", ("host",), (h,), st.last_duration)
+            fam.gauge("audit_consecutive_failures", "failed audits of the host since its "
+                      "last success (the backoff doubles with each)", ("host",), (h,),
+                      st.failures)
+            if st.next_at is not None:
+                fam.gauge("audit_next_timestamp_seconds", "when the host's next audit "
+                          "starts", ("host",), (h,), st.next_at)
+        return published + list(fam)
+
+    def metrics_text(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) of /metrics, in the format the scraper asks for."""
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import choose_encoder
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(metrics.collector(self.families()))
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(registry), content_type
+
+    def report_json(self) -> bytes:
+        with self._lock:
+            return self._report_json
+
+    def health(self) -> tuple[int, dict]:
+        with self._lock:
+            hosts = {h: {"audits": st.audits, "in_progress": st.in_progress,
+                         "consecutive_failures": st.failures,
+                         "last_success": st.last_success} for h, st in self.state.items()}
+        dead = [w.name for w in self._workers if not w.is_alive()]
+        ok = not dead and not self._stop.is_set()
+        return (200 if ok else 503), {"status": "ok" if ok else "stopping" if not dead
+                                      else "worker stopped", "hosts": hosts}
+
+    # ------------------------------------------------------------ HTTP
+
+    def serve(self, address: str, port: int) -> tuple[str, int]:
+        """Listen on (address, port) in a thread of its own; returns where it listens
+        (port 0: a free one). A bind that fails is a UsageError naming the address."""
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "patchset-serve"
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    body, ctype = exporter.metrics_text(self.headers.get("Accept"))
+                    self._send(200, body, ctype)
+                elif path == "/report.json":
+                    body = exporter.report_json()
+                    if body:
+                        self._send(200, body, "application/json")
+                    else:
+                        self._send(503, b'{"error": "no audit has finished yet"}\n',
+                                   "application/json")
+                elif path == "/healthz":
+                    code, doc = exporter.health()
+                    self._send(code, (json.dumps(doc, sort_keys=True) + "\n").encode(),
+                               "application/json")
+                elif path == "/":
+                    self._send(200, b"patchset serve: /metrics /report.json /healthz\n",
+                               "text/plain; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self.do_GET()
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:   # no access log on stderr
+                return
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            address_family = _family(address)
+
+        try:
+            self._server = Server((address, port), Handler)
+        except OSError as exc:
+            raise UsageError(f"--listen {address}:{port}: cannot listen there: "
+                             f"{exc.strerror or exc}") from None
+        threading.Thread(target=self._server.serve_forever, daemon=True,
+                         name="patchset-serve http").start()
+        return self._server.server_address[0], self._server.server_address[1]
+
+
+def _family(address: str) -> int:
+    import socket
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+def _track_deployed(st: HostState, host: dict) -> None:
+    """Record each server's patch states at the first audit of its current process
+    (pid and start time): deploy and every restart start a new one. Servers gone from the
+    host are forgotten, so the record stays as large as the host."""
+    states: dict[str, dict[str, str]] = {}
+    for s in host.get("states", []):
+        states.setdefault(s.get("server") or "", {})[s["patch"]] = s["state"]
+    procs = {s["id"]: (s.get("pid"), s.get("started"))
+             for s in (host.get("facts") or {}).get("servers") or []}
+    current = {}
+    for sid, patches in states.items():
+        proc = procs.get(sid)
+        held = st.deployed.get(sid)
+        current[sid] = held if held is not None and held[0] == proc else (proc, patches)
+    st.deployed = current
+
+
+def failed_report(series: Any) -> Failed:
+    """`failed` for a series: the report of a host whose audit raised (facts not gathered,
+    the message as the host's error), as the audit reports a host whose agent failed."""
+    def failed(host: str, message: str) -> dict:
+        from . import api
+        from .model import HostFacts
+        from .report import to_dict
+        return to_dict(api.evaluate(series, [HostFacts(host=host, reachable=True,
+                                                       error=message)]))
+    return failed

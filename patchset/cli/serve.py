@@ -1,0 +1,78 @@
+"""The serve command: the audit as a Prometheus exporter (auditor/exporter.py)."""
+
+# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# says why).
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, NoWaiversOpt, ProbeTimeoutOpt,
+                  SeriesOpt, TargetOpt, WaiversOpt, app, load, resolver_for, say)
+
+
+@app.command()
+def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                            "localhost; each is audited on its own schedule"),
+          listen: str = typer.Option("127.0.0.1:9808", "--listen", help="ADDRESS:PORT to "
+                                     "serve /metrics, /report.json and /healthz on (a "
+                                     "loopback address unless --public)"),
+          public: bool = typer.Option(False, "--public", help="allow a --listen address "
+                                      "that is not loopback: whoever can connect reads host "
+                                      "names, paths and patch names (never secrets)"),
+          interval: str = typer.Option("5m", "--interval", help="time between the audits "
+                                       "of a host (30s, 5m, 1h); an unreachable host waits "
+                                       "twice as long after each failure, up to 8 intervals"),
+          probe: Optional[str] = typer.Option(None, "--probe", help="also run probes in "
+                                              "every audit: recall | needle | all | drift"),
+          probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle or "
+                                                    "drift prompt sizes in tokens"),
+          api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
+          waivers: Optional[Path] = WaiversOpt, no_waivers: bool = NoWaiversOpt,
+          target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+          accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Re-audit the hosts on a schedule (in parallel, one audit in flight per host) and
+    serve the last report as Prometheus metrics on /metrics, the report itself on
+    /report.json and the exporter's health on /healthz; a scrape never waits for an
+    audit. The waivers file is read once, at start. Runs until SIGTERM or Ctrl-C."""
+    import signal
+    import threading
+
+    from auditor import cli_support, exporter
+    from isolate.probe import audit_probes
+    s = load(series)
+    period = exporter.parse_duration(interval)
+    address, port = exporter.parse_listen(listen, public)
+    waived = cli_support.load_waivers(waivers, no_waivers)
+    specs = list(dict.fromkeys(hosts))
+    with resolver_for(s, inventory, target, accept_new) as resolver:    # bad input: exit 2
+        for spec in specs:
+            resolver.inventory.resolve(spec)
+        audit_probes(probe, probe_sizes, api_key_env, probe_timeout, resolver.inventory,
+                     specs, resolver.endpoint)
+
+    def audit(host: str) -> dict:
+        with resolver_for(s, inventory, target, accept_new) as resolver:
+            plan = audit_probes(probe, probe_sizes, api_key_env, probe_timeout,
+                                resolver.inventory, [host], resolver.endpoint)
+            _, data, _ = cli_support.run(s, [resolver.audit_transport(host)], None,
+                                         resolver.inventory, [host], plan,
+                                         inventory_file=inventory, series_file=series,
+                                         waivers=waived)
+            return data
+
+    server = exporter.Exporter(specs, audit, exporter.failed_report(s), period, log=say)
+    where = server.serve(address, port)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    say(f"patchset serve: http://{where[0]}:{where[1]}/metrics, {len(specs)} host(s) "
+        f"every {period:g}s")
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        server.stop()
+    say("patchset serve: stopped")

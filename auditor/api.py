@@ -62,26 +62,39 @@ def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
             "tensors": [dict(p) for p in pol.patterns]}
 
 
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """One host's part of an audit: its facts and, with --probe, its probe records. The
+    checks run on every host's together (evaluate_gathered): pd-consistency pairs servers
+    across hosts and a waiver is unused only when no host used it."""
+
+    facts: HostFacts
+    probes: list[ProbeResult] | None = None
+
+
 def collect(series: Series, transports: list[Transport], pol: policy_mod.Policy) -> list[HostFacts]:
-    return [f for f, _ in _collect(series, transports, pol, None)]
+    return [g.facts for g in _collect(series, transports, pol, None)]
 
 
 def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy,
-             probes: HostProbes | None) -> list[tuple[HostFacts, list[ProbeResult] | None]]:
+             probes: HostProbes | None) -> list[Gathered]:
     """Facts of every host in parallel; each host's probes run right after its facts
     (they need them to find its endpoint), so a slow probe never holds up another host."""
     request = gather_request(series, pol)
+    return on_hosts(transports, lambda t: gather(t, request, probes))
 
-    def one(transport: Transport) -> tuple[HostFacts, list[ProbeResult] | None]:
-        try:
-            result = transport.call(request)
-        except HostUnreachable as exc:
-            return HostFacts(host=transport.host, reachable=False, error=str(exc)), None
-        except TargetError as exc:             # the agent gave no result
-            return HostFacts(host=transport.host, reachable=True, error=str(exc)), None
-        facts = hostfacts.build(transport.host, result)
-        return facts, probe_host(facts, probes) if probes else None
-    return on_hosts(transports, one)
+
+def gather(transport: Transport, request: dict, probes: HostProbes | None = None) -> Gathered:
+    """One host's facts (one round trip), then its probes. An unreachable host or an
+    agent that gave no result is a record, not an exception (the report says so)."""
+    try:
+        result = transport.call(request)
+    except HostUnreachable as exc:
+        return Gathered(HostFacts(host=transport.host, reachable=False, error=str(exc)))
+    except TargetError as exc:             # the agent gave no result
+        return Gathered(HostFacts(host=transport.host, reachable=True, error=str(exc)))
+    facts = hostfacts.build(transport.host, result)
+    return Gathered(facts, probe_host(facts, probes) if probes else None)
 
 
 def probe_host(facts: HostFacts, plan: HostProbes) -> list[ProbeResult] | None:
@@ -189,9 +202,19 @@ def audit(series: Series, transports: list[Transport], symptom: str | None = Non
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
-    gathered = _collect(series, transports, pol, probes)
-    runs = {f.host: run for f, run in gathered if run is not None}
-    return evaluate(series, [f for f, _ in gathered], symptom, access, pol, runs, waivers)
+    return evaluate_gathered(series, _collect(series, transports, pol, probes), symptom,
+                             access, pol, waivers)
+
+
+def evaluate_gathered(series: Series, gathered: list[Gathered], symptom: str | None = None,
+                      access: Access | None = None, pol: policy_mod.Policy | None = None,
+                      waivers: waivers_mod.WaiverFile | None = None,
+                      clock: waivers_mod.Clock | None = None) -> Report:
+    """`evaluate` of hosts gathered apart (`patchset serve` gathers each on its own
+    schedule): the same report as one audit of all of them."""
+    runs = {g.facts.host: g.probes for g in gathered if g.probes is not None}
+    return evaluate(series, [g.facts for g in gathered], symptom, access, pol, runs,
+                    waivers, clock)
 
 
 def exit_code(report: Report) -> int:

@@ -11,10 +11,14 @@ the merged report (`/report.json`) and its metric families (auditor/metrics.py);
 takes the latest of both under a lock held only to copy two references and the workers'
 counters, then serializes them. `/healthz` says whether every worker is alive.
 
-The audits themselves are passed in (`audit(host) -> report dict`, `failed(host,
-message) -> report dict`): the CLI builds them on the transports and probes it holds
-(patchset/cli/serve.py), tests and bench feed fixture reports, and this read-only package
-never imports the code that reaches hosts.
+A worker gathers its host (`gather(host) -> Gathered`: facts, and probe records with
+--probe); the report is evaluated from every host's latest gathering together
+(`evaluate(list of Gathered) -> report dict`), so it is the report `patchset audit` of all
+the hosts gives: pd-consistency pairs servers across hosts, a waiver is unused only when
+no host used it, and the summary and the exit code follow the one rule. Both are passed
+in: the CLI builds them on the transports and probes it holds (patchset/cli/serve.py),
+tests and bench feed fixture facts, and this read-only package never imports the code
+that reaches hosts.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from patchset.errors import Exit, PatchsetError, UsageError
+from patchset.errors import PatchsetError, UsageError
 
 from . import metrics
-from .report import SEVERITY_ORDER, STATUS_ORDER
+from .api import Gathered
+from .model import HostFacts
 
 DEFAULT_LISTEN = "127.0.0.1:9808"
 DEFAULT_INTERVAL = 300.0
@@ -43,8 +48,8 @@ MIN_INTERVAL, MAX_INTERVAL = 0.5, 7 * 24 * 3600.0
 ERROR_REASONS = ("unreachable", "gather", "error")   # audit_errors_total's reason label
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
-Audit = Callable[[str], dict]
-Failed = Callable[[str, str], dict]
+Gather = Callable[[str], Gathered]
+Evaluate = Callable[[list[Gathered]], dict]
 
 
 def parse_duration(text: str, flag: str = "--interval") -> float:
@@ -86,62 +91,9 @@ def backoff(interval: float, failures: int, cap: float) -> float:
     return min(cap, interval * 2.0 ** min(failures - 1, 30))
 
 
-def merge(parts: list[dict]) -> dict | None:
-    """One report of several single-host reports (each auditor.report.to_dict): hosts and
-    findings in order (worst first, stable), the summary recounted, the exit code the
-    combination of theirs (Exit.combine: unreachable wins, else the worst)."""
-    if not parts:
-        return None
-    latest = max(parts, key=lambda d: d.get("generated") or "")
-    checks: dict[str, int] = {}
-    for d in parts:
-        for status in d["summary"]["checks"]:
-            checks.setdefault(status, 0)
-    findings = [f for d in parts for f in d["findings"]]
-    for f in findings:
-        checks[f["status"]] = checks.get(f["status"], 0) + 1
-
-    def rank(order: tuple, value: str) -> int:
-        return order.index(value) if value in order else len(order)
-    findings.sort(key=lambda f: (rank(STATUS_ORDER, f["status"]),
-                                 rank(SEVERITY_ORDER, f["severity"])))
-    summary = {"hosts": sum(d["summary"]["hosts"] for d in parts),
-               "unreachable": [h for d in parts for h in d["summary"]["unreachable"]],
-               "failed": [h for d in parts for h in d["summary"]["failed"]],
-               "checks": checks,
-               "exit_code": int(Exit.combine(d["summary"]["exit_code"] for d in parts))}
-    out = {**latest, "summary": summary, "hosts": [h for d in parts for h in d["hosts"]],
-           "findings": findings, "symptom": None}
-    if any(d.get("waivers") for d in parts):
-        out["waivers"] = _merge_waivers([d["waivers"] for d in parts if d.get("waivers")])
-    return out
-
-
-def _merge_waivers(sections: list[dict]) -> dict:
-    """The `waivers` section of per-host audits as one audit of every host would give it:
-    a waiver applied (or expired) on any host is that, with every host's findings; it is
-    unused only when no host used it."""
-    def key(w: dict) -> tuple:
-        return (w.get("line"), w.get("id"), w.get("host"), w.get("subject"))
-    merged: dict[str, dict[tuple, dict]] = {"applied": {}, "expired": {}}
-    for part in sections:
-        for kind in merged:
-            for w in part.get(kind, []):
-                held = merged[kind].setdefault(key(w), {**w, "findings": []})
-                held["findings"] = held["findings"] + list(w.get("findings", []))
-    used = set(merged["applied"]) | set(merged["expired"])
-    unused: dict[tuple, dict] = {}
-    for part in sections:
-        for w in part.get("unused", []):
-            if key(w) not in used:
-                unused.setdefault(key(w), w)
-    return {**sections[-1], "applied": list(merged["applied"].values()),
-            "expired": list(merged["expired"].values()), "unused": list(unused.values())}
-
-
 @dataclasses.dataclass
 class HostState:
-    report: dict | None = None           # the latest audit's report of this host
+    gathered: Gathered | None = None     # the latest audit's gathering of this host
     last_success: float | None = None
     last_duration: float = 0.0
     audits: int = 0
@@ -156,12 +108,12 @@ class HostState:
 class Exporter:
     """The schedule, the last reports and what a scrape reads; `serve` adds HTTP."""
 
-    def __init__(self, hosts: list[str], audit: Audit, failed: Failed,
+    def __init__(self, hosts: list[str], gather: Gather, evaluate: Evaluate,
                  interval: float = DEFAULT_INTERVAL, max_backoff: float | None = None,
                  clock: Callable[[], float] = time.time,
                  log: Callable[[str], None] | None = None) -> None:
         self.hosts = list(dict.fromkeys(hosts))
-        self.audit, self.failed = audit, failed
+        self.gather, self.evaluate = gather, evaluate
         self.interval = interval
         self.max_backoff = max(interval, max_backoff if max_backoff is not None
                                else BACKOFF_CAP * interval)
@@ -187,25 +139,20 @@ class Exporter:
             st.in_progress = True
         start = self.clock()
         try:
-            data = self.audit(host)
-            entry = data["hosts"][0]
-            reason = None if metrics.host_ok(entry) else (
-                "unreachable" if not entry.get("reachable") else "gather")
+            got = self.gather(host)
+            reason = None if got.facts.reachable and not got.facts.error else (
+                "unreachable" if not got.facts.reachable else "gather")
         except Exception as exc:  # noqa: BLE001 - a failed audit is a metric, not a crash
-            from patchset.agent.redact import redact_text
-            message = redact_text(" ".join(str(exc).split()) or type(exc).__name__)
-            self.log(f"{host}: audit failed: {message}")
-            if not isinstance(exc, PatchsetError):           # a bug: its trace too
-                self.log(redact_text(traceback.format_exc()).rstrip())
-            data, reason = self.failed(host, f"audit failed: {message}"), "error"
+            message = self._failure(host, "audit", exc)
+            got, reason = Gathered(HostFacts(host=host, error=f"audit failed: {message}")), \
+                "error"
         end = self.clock()
         with self._lock:
-            st.report, st.in_progress = data, False
+            st.gathered, st.in_progress = got, False
             st.audits += 1
             st.last_duration = end - start
             if reason is None:
                 st.failures, st.last_success = 0, end
-                _track_deployed(st, data["hosts"][0])
             else:
                 st.failures += 1
                 st.errors[reason] += 1
@@ -215,20 +162,39 @@ class Exporter:
         if reason is not None:
             self.log(f"{host}: {reason}; next audit in {wait:.0f}s "
                      f"({st.failures} failure(s) in a row)")
-        self.publish()
+        self.publish(host if reason is None else None)
         return wait
 
-    def publish(self) -> None:
-        """Rebuild the merged report and its families from every host's latest report and
-        swap them in (a scrape in between serves the previous ones, whole)."""
+    def _failure(self, host: str, what: str, exc: Exception) -> str:
+        """Log a failure (its trace too when it is a bug), secrets redacted; the message."""
+        from patchset.agent.redact import redact_text
+        message = redact_text(" ".join(str(exc).split()) or type(exc).__name__)
+        self.log(f"{host}: {what} failed: {message}")
+        if not isinstance(exc, PatchsetError):
+            self.log(redact_text(traceback.format_exc()).rstrip())
+        return message
+
+    def publish(self, succeeded: str | None = None) -> None:
+        """Evaluate every host's latest gathering as one audit and swap the report and its
+        families in (a scrape in between serves the previous ones, whole). `succeeded`:
+        the host whose audit just succeeded, whose deployed states are tracked."""
         with self._rebuild_lock:
             with self._lock:
-                parts = [self.state[h].report for h in self.hosts if self.state[h].report]
+                parts = [self.state[h].gathered for h in self.hosts if self.state[h].gathered]
+            try:
+                data = self.evaluate(parts) if parts else None
+            except Exception as exc:  # noqa: BLE001 - keep serving the last good report
+                self._failure(succeeded or "report", "evaluation", exc)
+                return
+            with self._lock:
+                if succeeded is not None and data is not None:
+                    entry = next((h for h in data["hosts"] if h["host"] == succeeded), None)
+                    if entry is not None:
+                        _track_deployed(self.state[succeeded], entry)
                 success = {h: st.last_success for h, st in self.state.items()
                            if st.last_success is not None}
                 deployed = {(h, sid): dict(states) for h, st in self.state.items()
                             for sid, (_, states) in st.deployed.items()}
-            data = merge(parts)
             families = list(metrics.report_families(data, success, deployed)) if data else []
             body = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode() if data else b""
             with self._lock:
@@ -262,7 +228,7 @@ class Exporter:
         """The published report families plus the exporter's own (schedule, counters)."""
         with self._lock:
             published = list(self._families)
-            live = {h: dataclasses.replace(st, errors=Counter(st.errors), report=None,
+            live = {h: dataclasses.replace(st, errors=Counter(st.errors), gathered=None,
                                            deployed={})
                     for h, st in self.state.items()}
         fam = metrics.Families()
@@ -393,15 +359,3 @@ def _track_deployed(st: HostState, host: dict) -> None:
         held = st.deployed.get(sid)
         current[sid] = held if held is not None and held[0] == proc else (proc, patches)
     st.deployed = current
-
-
-def failed_report(series: Any) -> Failed:
-    """`failed` for a series: the report of a host whose audit raised (facts not gathered,
-    the message as the host's error), as the audit reports a host whose agent failed."""
-    def failed(host: str, message: str) -> dict:
-        from . import api
-        from .model import HostFacts
-        from .report import to_dict
-        return to_dict(api.evaluate(series, [HostFacts(host=host, reachable=True,
-                                                       error=message)]))
-    return failed

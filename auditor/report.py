@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from patchset.agent.facts.base import FactValue
 from .model import COUNTED, STATUSES, HostFacts, Report, Server
@@ -60,18 +60,26 @@ def _facts(f: HostFacts) -> dict:
 
 
 def summary(report: Report) -> dict:
-    counts = {s: 0 for s in CHECK_COUNTS}
-    for f in report.findings:
-        if f.status in counts:
-            counts[f.status] += 1
     from .api import exit_code
     return {"hosts": len(report.hosts),
             "unreachable": [h.host for h in report.hosts if not h.facts.reachable],
             "failed": [h.host for h in report.hosts if h.facts.reachable and h.facts.error],
-            "checks": counts, "exit_code": exit_code(report),
-            "waived": sum(f.status == "waived" for f in report.findings),
-            "notes": sum(f.severity == "info" and f.status in COUNTED
-                         for f in report.findings)}
+            **tally((f.status, f.severity) for f in report.findings),
+            "exit_code": exit_code(report)}
+
+
+def tally(findings: Iterable[tuple[str, str]]) -> dict:
+    """The summary's counts of (status, severity) pairs: `checks` by status (waived ones
+    in none of them), `waived`, and `notes` (info findings that did not pass). One rule
+    for a report and for the exporter's merge of per-host reports."""
+    counts = {s: 0 for s in CHECK_COUNTS}
+    waived = notes = 0
+    for status, severity in findings:
+        if status in counts:
+            counts[status] += 1
+        waived += status == "waived"
+        notes += severity == "info" and status in COUNTED
+    return {"checks": counts, "waived": waived, "notes": notes}
 
 
 def to_dict(report: Report) -> dict:

@@ -13,8 +13,10 @@ summary, the ranking and the exit code:
   failures nor in the exit code, and implicates no patch (rank.SUSPECT_STATUSES);
 - an expired waiver (its `expires` date before today, UTC) waives nothing: what it matched
   stays as it was, and a `waiver[expired]` finding (warn, low: it counts) names it;
-- a valid waiver that waived nothing is `unused`: a `waiver[unused]` note (warn, info: it
-  does not count), so a stale waiver is seen and removed.
+- a valid waiver that waived nothing on any audited host is `unused`: a `waiver[unused]`
+  note (warn, info: it does not count) on each audited host it names, so a stale waiver
+  is seen and removed. A waiver whose hosts were all unreachable is not judged: it is in
+  none of the lists.
 
 Matching: the id exactly (`checkpoint-dtypes[narrowed]` matches only that id, never
 `checkpoint-dtypes`); `host` and `subject` equal the finding's, or match it as an
@@ -309,7 +311,8 @@ def apply(hosts: list[HostReport], waivers: WaiverFile,
             out.append(f)
         host.findings = out
     audited = [h for h in hosts if h.facts.reachable and not h.facts.error]
-    unused = [w for w in valid if not hits[w]]
+    unused = [w for w in valid if not hits[w]
+              and any(match(w.host, h.host) for h in audited)]
     for host in audited:
         host.findings += [_expired(w, waivers.file, host.host, day, hits[w])
                           for w in expired if match(w.host, host.host)]
@@ -318,6 +321,11 @@ def apply(hosts: list[HostReport], waivers: WaiverFile,
     uses = {w: WaiverUse(w, tuple(hits[w])) for w in waivers.waivers}
     return WaiverReport(waivers.file, tuple(uses[w] for w in valid if hits[w]),
                         tuple(uses[w] for w in expired), tuple(uses[w] for w in unused))
+
+
+def _subject(file: str, line: int, finding_id: str) -> str:
+    """The subject of a waiver's own findings: where it is and what it waives."""
+    return f"{file}:{line} {finding_id}"
 
 
 def _record(w: Waiver, file: str) -> Evidence:
@@ -329,7 +337,7 @@ def _expired(w: Waiver, file: str, host: str, day: datetime.date,
              hits: list[tuple[str, str, str]]) -> Finding:
     mine = [h for h in hits if h[0] == host]
     return Finding(
-        id=f"{WAIVER_CHECK}[expired]", host=host, subject=f"{file}:{w.line} {w.id}",
+        id=f"{WAIVER_CHECK}[expired]", host=host, subject=_subject(file, w.line, w.id),
         expected=f"expires on or after {day.isoformat()}",
         found=f"expired {w.expires.isoformat()}", status="warn", severity=EXPIRED_SEVERITY,
         message=(f"the waiver by {w.who} for {w.id} on {w.host} {w.subject!r} expired on "
@@ -342,7 +350,7 @@ def _expired(w: Waiver, file: str, host: str, day: datetime.date,
 
 def _unused(w: Waiver, file: str, host: str) -> Finding:
     return Finding(
-        id=f"{WAIVER_CHECK}[unused]", host=host, subject=f"{file}:{w.line} {w.id}",
+        id=f"{WAIVER_CHECK}[unused]", host=host, subject=_subject(file, w.line, w.id),
         expected="a non-passing finding to waive", found="none matched", status="warn",
         severity=UNUSED_SEVERITY,
         message=(f"no non-passing {w.id} finding on {host} matches subject {w.subject!r}: "

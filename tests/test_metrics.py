@@ -21,7 +21,7 @@ from audit_facts import synth
 from prometheus_client.parser import text_string_to_metric_families
 
 from auditor import api, exporter, metrics, report
-from auditor.model import ProbeResult
+from auditor.model import HostFacts, ProbeResult
 from hostutil import cli
 from isolate import drift
 from test_standin import http
@@ -168,7 +168,8 @@ def test_label_values_are_ids_only(series) -> None:
 
 def test_promtool_accepts_the_exposition(series) -> None:
     data = seed_data(series, probes=probe_results())
-    ex = exporter.Exporter(["gpu1"], lambda h: data, lambda h, m: data, interval=60)
+    ex = exporter.Exporter(["gpu1"], lambda h: api.Gathered(HostFacts(h)), lambda g: data,
+                           interval=60)
     ex.audit_once("gpu1")
     for text in (metrics.render(data), ex.metrics_text()[0].decode()):
         proc = promtool("check", "metrics", stdin=text)
@@ -194,20 +195,28 @@ def test_audit_format_prometheus_writes_the_file_whole(tmp_path: Path, capsys,
 
 # ---------------------------------------------------------------- the exporter
 
-def fake_report(series, host: str, pid: int = 1000, drifted: bool = False,
-                reachable: bool = True) -> dict:
+def fake_gathered(series, host: str, pid: int = 1000, reachable: bool = True) -> api.Gathered:
     desc = copy.deepcopy(synth.load("seed.yaml"))
     desc["servers"][0]["pid"] = pid
     desc["units"][P]["main_pid"] = pid
     facts = synth.facts(desc, series, host=host)
     if not reachable:
         facts.reachable, facts.error = False, f"{host}: unreachable (Connection refused)"
-    data = report.to_dict(api.evaluate(series, [facts]))
-    if drifted:
-        for st in data["hosts"][0]["states"]:
-            if st["server"] == P and st["patch"] == "mhc-bf16":
-                st["state"] = "drifted"
-    return data
+    return api.Gathered(facts)
+
+
+def evaluator(series, drifted: list[bool] | None = None):
+    """The exporter's `evaluate` as `patchset serve` builds it; with `drifted`, each call
+    takes the next flag and shows mhc-bf16 on the prefill server as drifted."""
+    def evaluate(gathered: list[api.Gathered]) -> dict:
+        data = report.to_dict(api.evaluate_gathered(series, gathered))
+        if drifted and drifted.pop(0):
+            for h in data["hosts"]:
+                for st in h["states"]:
+                    if st["server"] == P and st["patch"] == "mhc-bf16":
+                        st["state"] = "drifted"
+        return data
+    return evaluate
 
 
 def test_backoff_doubles_per_failure_up_to_eight_intervals() -> None:
@@ -219,10 +228,10 @@ def test_schedule_backs_off_an_unreachable_host_and_resets_on_success(series) ->
     now = [1000.0]
     answers = ["down"] * 5 + ["up"]
 
-    def audit(host: str) -> dict:
+    def gather(host: str) -> api.Gathered:
         now[0] += 2.0                              # each audit takes 2 s
-        return fake_report(series, host, reachable=answers.pop(0) == "up")
-    ex = exporter.Exporter(["gpu1"], audit, exporter.failed_report(series), interval=60,
+        return fake_gathered(series, host, reachable=answers.pop(0) == "up")
+    ex = exporter.Exporter(["gpu1"], gather, evaluator(series), interval=60,
                            clock=lambda: now[0])
     waits = [ex.audit_once("gpu1") for _ in range(6)]
     assert waits == [58, 118, 238, 478, 478, 58]
@@ -238,9 +247,9 @@ def test_schedule_backs_off_an_unreachable_host_and_resets_on_success(series) ->
 def test_an_audit_that_raises_is_an_error_and_never_shows_the_secret(series) -> None:
     logged: list[str] = []
 
-    def audit(host: str) -> dict:
+    def gather(host: str) -> api.Gathered:
         raise RuntimeError(f"boom with --api-key {SECRET}")
-    ex = exporter.Exporter(["gpu1"], audit, exporter.failed_report(series), interval=60,
+    ex = exporter.Exporter(["gpu1"], gather, evaluator(series), interval=60,
                            log=logged.append)
     assert ex.audit_once("gpu1") == pytest.approx(60, abs=1)
     got = samples(ex.metrics_text()[0].decode())
@@ -255,10 +264,10 @@ def test_an_audit_that_raises_is_an_error_and_never_shows_the_secret(series) -> 
 def test_deployed_state_is_the_first_audit_of_the_process(series) -> None:
     """A change under a running process keeps the record (the alert's left side differs
     from it); a new process (deploy, restart) records its states afresh."""
-    reports = [fake_report(series, "gpu1"), fake_report(series, "gpu1", drifted=True),
-               fake_report(series, "gpu1", pid=4000, drifted=True)]
-    ex = exporter.Exporter(["gpu1"], lambda h: reports.pop(0), exporter.failed_report(series),
-                           interval=60)
+    gathered = [fake_gathered(series, "gpu1"), fake_gathered(series, "gpu1"),
+                fake_gathered(series, "gpu1", pid=4000)]
+    ex = exporter.Exporter(["gpu1"], lambda h: gathered.pop(0),
+                           evaluator(series, drifted=[False, True, True]), interval=60)
 
     def mhc() -> tuple[str, str]:
         got = samples(ex.metrics_text()[0].decode())
@@ -276,9 +285,9 @@ def test_deployed_state_is_the_first_audit_of_the_process(series) -> None:
 
 
 def test_merged_report_of_several_hosts_matches_the_schema(series) -> None:
-    ex = exporter.Exporter(["gpu1", "gpu2"], lambda h: fake_report(series, h,
-                                                                   reachable=h == "gpu1"),
-                           exporter.failed_report(series), interval=60)
+    ex = exporter.Exporter(["gpu1", "gpu2"], lambda h: fake_gathered(series, h,
+                                                                     reachable=h == "gpu1"),
+                           evaluator(series), interval=60)
     ex.audit_once("gpu1")
     ex.audit_once("gpu2")
     data = json.loads(ex.report_json())
@@ -304,7 +313,7 @@ def test_a_scrape_never_waits_for_an_audit_and_hosts_run_in_parallel(series) -> 
     overlap: list[str] = []
     lock = threading.Lock()
 
-    def audit(host: str) -> dict:
+    def gather(host: str) -> api.Gathered:
         with lock:
             running[host] += 1
             if running[host] > 1:
@@ -313,12 +322,11 @@ def test_a_scrape_never_waits_for_an_audit_and_hosts_run_in_parallel(series) -> 
             both.wait()
             inside.release()
             release.wait(20)
-            return fake_report(series, host)
+            return fake_gathered(series, host)
         finally:
             with lock:
                 running[host] -= 1
-    ex = exporter.Exporter(["gpu1", "gpu2"], audit, exporter.failed_report(series),
-                           interval=0.5)
+    ex = exporter.Exporter(["gpu1", "gpu2"], gather, evaluator(series), interval=0.5)
     address, port = ex.serve("127.0.0.1", 0)
     base = f"http://{address}:{port}"
     ex.start()
@@ -390,7 +398,8 @@ def dashboard_exprs() -> list[str]:
 
 def exported_names(series) -> set[str]:
     data = seed_data(series, probes=probe_results())
-    ex = exporter.Exporter(["gpu1"], lambda h: data, lambda h, m: data, interval=60)
+    ex = exporter.Exporter(["gpu1"], lambda h: api.Gathered(HostFacts(h)), lambda g: data,
+                           interval=60)
     ex.audit_once("gpu1")
     return set(samples(ex.metrics_text()[0].decode()))
 

@@ -508,3 +508,51 @@ def test_cli_bad_waivers_exit_2_before_any_host(cli_env: dict, capsys, argv, mes
     code, out, err = cli(capsys, cli_env, "--format", "json", *argv)
     assert (code, out, err) == (2, "", message)
     assert cli_env["hosts"] == []                                   # nothing was contacted
+
+
+# ---------------------------------------------------------------- serve: hosts gathered apart
+
+def _comparable(data: dict) -> tuple:
+    findings = sorted(json.dumps(f, sort_keys=True) for f in data["findings"])
+    section = {k: sorted(json.dumps(w, sort_keys=True) for w in v) if isinstance(v, list)
+               else v for k, v in data["waivers"].items()}
+    return data["summary"], findings, section
+
+
+def test_serve_reports_what_one_audit_of_all_the_hosts_reports(series, tmp_path) -> None:
+    """`patchset serve` gathers each host on its own schedule and evaluates them together:
+    its /report.json is the report of one audit of every host (summary, findings, the
+    waivers section), pd-consistency pairs servers across hosts, a waiver used on one
+    host only is not unused, and one that matches nothing is unused on every host."""
+    from auditor.exporter import Exporter
+    path = tmp_path / "w.yaml"
+    path.write_text(waiver_text(
+        entry(host="gpu*", subject="*", justification="first", expires="2020-01-01"),
+        entry(host="gpu1", subject="*/DeepSeek-*", justification="gpu1 only"),
+        entry(id="gate-env[process]", host="*", subject="*", justification="nothing")))
+    file, hosts = load_file(path), ("gpu1", "gpu2")
+    _, whole = audit(series, healthy_seed(), file, hosts=hosts)
+    facts = {h: synth.facts(healthy_seed(), series, host=h) for h in hosts}
+    ex = Exporter(list(hosts), lambda h: api.Gathered(facts[h]),
+                  lambda gathered: report.to_dict(api.evaluate_gathered(
+                      series, gathered, waivers=file, clock=day(SEED_DAY))), interval=60)
+    for h in hosts:
+        ex.audit_once(h)
+    served = json.loads(ex.report_json())
+    assert report.validate(served) == []
+    assert _comparable(served) == _comparable(whole)
+    assert any(f["id"].startswith("pd-consistency[") and "gpu1/" in f["subject"]
+               and "gpu2/" in f["subject"] for f in served["findings"])
+    assert [w["justification"] for w in served["waivers"]["unused"]] == ["nothing"]
+    assert served["summary"]["waived"] == 1 and served["summary"]["checks"]["fail"] == 0
+
+
+def test_a_waiver_whose_hosts_were_all_unreachable_is_not_called_unused(series) -> None:
+    from auditor.model import HostFacts
+    down = HostFacts(host="gpu9", reachable=False, error="ssh: connection refused")
+    rep = api.evaluate(series, [synth.facts(healthy_seed(), series, host="gpu1"), down],
+                       None, waivers=waivers.WaiverFile("w.yaml", (waiver(host="gpu9"),)),
+                       clock=day(SEED_DAY))
+    data = report.to_dict(rep)
+    assert data["waivers"]["unused"] == [] and data["waivers"]["applied"] == []
+    assert not any(f["id"].startswith("waiver[") for f in data["findings"])

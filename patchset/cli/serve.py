@@ -39,7 +39,8 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     import signal
     import threading
 
-    from auditor import cli_support, exporter
+    from auditor import api, cli_support, exporter, policy
+    from auditor.report import to_dict
     from isolate.probe import audit_probes
     s = load(series)
     period = exporter.parse_duration(interval)
@@ -51,18 +52,20 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
             resolver.inventory.resolve(spec)
         audit_probes(probe, probe_sizes, api_key_env, probe_timeout, resolver.inventory,
                      specs, resolver.endpoint)
+        steps = cli_support.access(resolver.inventory, specs, inventory, series)
+    pol = policy.load()
+    request = api.gather_request(s, pol)
 
-    def audit(host: str) -> dict:
+    def gather(host: str) -> api.Gathered:
         with resolver_for(s, inventory, target, accept_new) as resolver:
             plan = audit_probes(probe, probe_sizes, api_key_env, probe_timeout,
                                 resolver.inventory, [host], resolver.endpoint)
-            _, data, _ = cli_support.run(s, [resolver.audit_transport(host)], None,
-                                         resolver.inventory, [host], plan,
-                                         inventory_file=inventory, series_file=series,
-                                         waivers=waived)
-            return data
+            return api.gather(resolver.audit_transport(host), request, plan)
 
-    server = exporter.Exporter(specs, audit, exporter.failed_report(s), period, log=say)
+    def evaluate(gathered: List[api.Gathered]) -> dict:
+        return to_dict(api.evaluate_gathered(s, gathered, None, steps, pol, waived))
+
+    server = exporter.Exporter(specs, gather, evaluate, period, log=say)
     where = server.serve(address, port)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():

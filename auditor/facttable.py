@@ -6,8 +6,11 @@ the hazards use them) to the gathered fact it means, for one server on one host.
                 | (compute_cap, name, driver_version, uuid,    | server's CUDA_VISIBLE_DEVICES
                 | count); all must agree                       | (by index or UUID)
     server.X    | ServerArgs field X after SGLang's hooks      | GET /server_info (fallback
-                |                                              | /get_server_info); else the
-                |                                              | command line, if given there
+                |                                              | /get_server_info); an auto
+                |                                              | backend: its internal_states,
+                |                                              | then the startup server_args=
+                |                                              | line (auditor/running.py);
+                |                                              | else the command line
     env.X       | X in the environment the kernels run with    | /proc/PID/environ of the
                 | (None = unset)                               | sglang::scheduler_* children
                 |                                              | (all agree), else the main pid
@@ -32,6 +35,9 @@ from patchset.factnames import QUANT_FIELDS
 
 from patchset.agent.facts.base import FactValue
 from .model import Checkpoint, HostFacts, Server
+from .running import running
+
+UNDECIDED_BACKEND = ("auto", None)     # a backend not decided yet
 
 
 @dataclass
@@ -101,11 +107,10 @@ def server(name: str, ctx: Context) -> FactValue:
         return _no_server(ctx)
     info = ctx.server.server_info
     if info.known and name.endswith("_backend") and info.value.get(name) == "auto":
-        # SGLang resolves an `auto` backend inside the scheduler and never reports the
-        # outcome here (kv_cache_dtype=auto and the like are real, comparable settings).
-        return FactValue.unknown(f"server_info reports {name}=auto: the backend it resolved "
-                                 "to is not shown (set it explicitly in the unit to audit it)",
-                                 info.provenance)
+        # SGLang may decide an `auto` backend after /server_info's copy was taken: read it
+        # where the resolved-args check reads it (kv_cache_dtype=auto and the like are
+        # real, comparable settings, not decided later).
+        return running(ctx.server, name, UNDECIDED_BACKEND).fact(name)
     if info.known and name in info.value:
         return FactValue(info.value[name], provenance=info.provenance, source="server_info")
     flag = argv_flag(ctx.server.argv, name)

@@ -28,6 +28,7 @@ from .facttable import Context, resolve, role
 from .model import Condition, HostFacts, PatchState, Server
 from .observed import describe, loaded, observe
 from .staleness import stale
+from .values import same, shown
 from patchset.agent.staleness import runs_in, served_paths
 
 
@@ -187,8 +188,8 @@ class Evaluator:
                                           "the patch's env gate"), value)
             conditions.append(cond)
             if cond.ok is False:
-                shown = " unset" if value.value is None else f"={value.value}"
-                gate_off = (f"gate {patch.gate.env}{shown} in {srv.id} ({value.source}); "
+                setting = " unset" if value.value is None else f"={value.value}"
+                gate_off = (f"gate {patch.gate.env}{setting} in {srv.id} ({value.source}); "
                             f"the patch runs with {patch.gate.env}={patch.gate.on}")
             elif cond.ok is None:
                 unknown.append(f"env.{patch.gate.env}: {value.reason}")
@@ -210,9 +211,9 @@ class Evaluator:
             cond = _condition(req, value)
             conditions.append(cond)
             if cond.ok is False:
-                false.append(f"requires {req.fact} {req.op} {_show(req.value)}"
+                false.append(f"requires {req.fact} {req.op} {shown(req.value)}"
                              f"{' (' + req.why + ')' if req.why else ''}; live: "
-                             f"{_show(value.value)} ({value.source or 'fact'})")
+                             f"{shown(value.value)} ({value.source or 'fact'})")
             elif cond.ok is None:
                 unknown.append(f"{req.fact}: {value.reason}")
         conds = tuple(conditions)
@@ -250,19 +251,6 @@ def holds(op: str, found: Any, expected: Any) -> bool:
     raise ValueError(f"unknown op {op!r}")
 
 
-def same(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    if a == b:
-        return True
-    if isinstance(a, bool) or isinstance(b, bool):
-        return str(a).lower() == str(b).lower()
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
-
-
 def _drift(patch: Patch, status: dict, applied: dict) -> str | None:
     touched = {c.path for c in patch.files}
     for item in status.get("drift") or []:
@@ -284,11 +272,3 @@ def managed_package_dir(status: dict, git_prefix: str = "python/",
         return None
     prefix = git_prefix if status.get("layout") == "git" else ""
     return os.path.normpath(os.path.join(target, prefix, package))
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "unset"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    return str(value)

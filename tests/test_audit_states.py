@@ -217,6 +217,30 @@ def test_backend_reported_as_auto_is_unknown_not_a_value(series, seed) -> None:
     host = synth.facts(seed, series)
     decode = next(s for s in host.servers if "decode" in s.id)
     fact = resolve("server.moe_runner_backend", Context(host, decode))
-    assert not fact.known and "moe_runner_backend=auto" in fact.reason
+    assert not fact.known and "/server_info says auto" in fact.reason
+    assert "set it explicitly in the unit" in fact.reason
     prefill = next(s for s in host.servers if "prefill" in s.id)
     assert resolve("server.moe_runner_backend", Context(host, prefill)).value == "triton"
+
+
+@pytest.mark.parametrize("where", ["internal_states", "journal"])
+def test_an_auto_backend_is_read_where_the_resolved_args_check_reads_it(series, seed,
+                                                                        where) -> None:
+    """/server_info says auto, but the scheduler's own copy or the startup line says what
+    runs: `requires` and the hazards get that value, from the same reading as the
+    resolved-args check (auditor/running.py), and say where it came from."""
+    from auditor.facttable import Context, resolve
+    from patchset.agent.facts.journal import ServerArgsLog
+    from test_resolved_args import journal, line
+    info = dict(server(seed, D)["server_info"], moe_runner_backend="auto")
+    if where == "internal_states":
+        info["internal_states"] = [{"moe_runner_backend": "marlin"}] * 2
+    server(seed, D)["server_info"] = info
+    host = synth.facts(seed, series)
+    decode = next(s for s in host.servers if "decode" in s.id)
+    if where == "journal":
+        decode.server_args_log = ServerArgsLog().collect(journal(line(
+            moe_runner_backend="marlin")))
+    fact = resolve("server.moe_runner_backend", Context(host, decode))
+    assert (fact.known, fact.value) == (True, "marlin")
+    assert ("internal_states" if where == "internal_states" else "journal") in fact.source

@@ -17,6 +17,7 @@ from patchset.agent.facts.base import FactValue
 from ..facttable import Context
 from ..model import Evidence, Finding, HostReport, PatchState, Server
 from ..policy import Policy
+from ..values import shown  # noqa: F401 - the checks' one way to show a value
 
 
 @dataclass
@@ -69,9 +70,3 @@ class Reporter:
                        subject=subject, expected=expected, found=found, status=status,
                        severity=severity or self.severity, message=message,
                        evidence=tuple(evidence), patches=tuple(patches))
-
-
-def shown(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(shown(v) for v in value) + "]"
-    return "unset" if value is None else str(value)

@@ -19,6 +19,7 @@ from typing import Any
 from ..facttable import argv_flag, resolve
 from ..model import Evidence, Finding, HostReport, Server
 from ..resolved import Flag
+from ..running import running
 from ..states import holds, same
 from .base import AuditContext, Reporter, shown
 
@@ -63,48 +64,6 @@ def _decided(flag: Flag, value: Any) -> bool:
     return not any(same(value, u) for u in flag.unresolved)
 
 
-def resolved(server: Server, flag: Flag) -> tuple[Any, str, list[str], list[Evidence]]:
-    """(value, source, why not earlier sources, evidence): the first source that shows a
-    decided value, /server_info, its internal_states (the scheduler's own ServerArgs), the
-    startup journal line; source "" when none does."""
-    name, whys = flag.name, []
-    info, log = server.server_info, server.server_args_log
-    evidence = [Evidence.of(f"server_info {name}", info, shown(info.value.get(name))
-                            if info.known else None),
-                Evidence.of(f"journal server_args= {name}", log,
-                            shown(log.value["args"].get(name)) if log.known else None)]
-    if info.known:
-        if name in info.value and _decided(flag, info.value[name]):
-            return info.value[name], "/server_info", [], evidence
-        whys.append(f"/server_info says {shown(info.value[name])}" if name in info.value
-                    else f"/server_info has no field {name}")
-        ranks = [s[name] for s in info.value.get("internal_states") or []
-                 if isinstance(s, dict) and name in s]
-        decided = {shown(v) for v in ranks if _decided(flag, v)}
-        if len(decided) == 1 and all(_decided(flag, v) for v in ranks):
-            return ranks[0], "/server_info internal_states (the scheduler's own value)", \
-                whys, evidence
-        if len(decided) > 1:
-            whys.append(f"its internal_states disagree ({', '.join(sorted(decided))})")
-    else:
-        whys.append(f"/server_info unavailable ({info.reason})")
-    if not log.known:
-        whys.append(f"no startup line: {log.reason}")
-        return None, "", whys, evidence
-    args = log.value["args"]
-    if name in args and _decided(flag, args[name]):
-        return args[name], "the server_args= line it logged at startup (journal)", whys, \
-            evidence
-    if name in args:
-        whys.append(f"its startup server_args= line says {shown(args[name])}")
-    elif name in log.value.get("unparsed", ()):
-        whys.append(f"its startup server_args= line has {name} as no literal")
-    else:
-        whys.append(f"its startup server_args= line has no {name}" +
-                    (" (the line is cut short)" if log.value.get("truncated") else ""))
-    return None, "", whys, evidence
-
-
 def _rewrite(ctx: AuditContext, host: HostReport, server: Server, flag: Flag, want: Any,
              got: Any) -> tuple[str, list[Evidence]]:
     """The rewrite of the pinned source that turns `want` into `got` here, in words."""
@@ -127,7 +86,8 @@ def _rewrite(ctx: AuditContext, host: HostReport, server: Server, flag: Flag, wa
 
 def _flag(ctx: AuditContext, host: HostReport, server: Server, flag: Flag) -> Finding:
     want, how, kind = requested(server, flag)
-    got, source, whys, evidence = resolved(server, flag)
+    run = running(server, flag.name, flag.unresolved)
+    got, source, whys, evidence = run.value, run.source, run.whys, list(run.evidence)
     subject = f"{server.id} {flag.name}"
     evidence.insert(0, Evidence.of("requested", server.main.cmdline, how))
 

@@ -11,14 +11,14 @@
 
 Each prints one JSON line and exits 0 (pass) or 1 (fail, an HTTP error status included);
 a server that cannot be reached exits 3. `--api-key` or $SGLANG_API_KEY is sent as a
-bearer token. Run it before and after each isolation step and compare. `--url` is a direct
-connection from this machine (deploy/tunnel.py DirectEndpoint).
+bearer token. Run it before and after each isolation step and compare.
 
 `patchset probe` runs the context-fidelity pair below (`fidelity`): a multi-turn recall
 with tools in the request (the shape of an agent session, where context loss is first
 reported) and a single long-context needle per size; every result keeps its evidence
 (prompt size sent and seen, answer, latency) so a pass/fail can be argued from the JSON.
-Every request goes to an HTTP endpoint (deploy/tunnel.py): `--url` directly, an inventory
+Every request, of these and of the module's own commands, goes to an HTTP endpoint
+(deploy/tunnel.py): `--url` directly from this machine (DirectEndpoint), an inventory
 host's router (else decode) through the host's own SSH connection, so a server bound to
 the host's 127.0.0.1, or a host known only by an ssh-config alias, is probed as well.
 """

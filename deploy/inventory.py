@@ -50,6 +50,8 @@ class Host:
 
 @dataclass(frozen=True)
 class Inventory:
+    """A loaded hosts.yaml: its hosts by name and the default host."""
+
     path: str | None
     hosts: dict[str, Host]
     default: str | None

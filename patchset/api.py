@@ -62,6 +62,8 @@ def make_request(series: Series, op: str, patches: Iterable[Patch] = (),
 
 @dataclass
 class HostResult:
+    """The outcome of `apply` or `revert` on one host (one line, or a JSON object)."""
+
     host: str
     ok: bool
     changed: bool = False
@@ -199,6 +201,8 @@ def _pinned_summary(series: Series, record: StatusRecord) -> str:
 
 @dataclass(frozen=True)
 class PatchView:
+    """`show` of one patch: its entry, its file, and the diff part of that file."""
+
     patch: Patch
     text: str            # the whole patch file
     diff: str            # from the first `diff --git`
@@ -221,6 +225,8 @@ def list_patches(series: Series, tier: str | None = None, path: str | None = Non
 
 @dataclass(frozen=True)
 class PreImage:
+    """`check`: a file's pre-image blob as the series records it and as the pin has it."""
+
     path: str
     recorded: str | None
     found: str | None
@@ -232,6 +238,8 @@ class PreImage:
 
 @dataclass(frozen=True)
 class SelectionCheck:
+    """`check`: whether one allowed selection applies to the pin, else why not."""
+
     names: tuple[str, ...]
     ok: bool
     error: str | None = None
@@ -239,6 +247,8 @@ class SelectionCheck:
 
 @dataclass(frozen=True)
 class CheckReport:
+    """The result of `check`: every pre-image and every selection checked."""
+
     manifest: str
     base: str
     preimages: tuple[PreImage, ...]

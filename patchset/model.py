@@ -1,7 +1,8 @@
 """Plain dataclasses passed between stages: manifest -> selection -> engine -> state.
 
 Nothing here does I/O; every stage takes and returns these, so each can be tested alone
-and printed as JSON (`dataclasses.asdict`).
+and printed as JSON (`dataclasses.asdict`). Each class has a docstring: for one without,
+@dataclass writes `__doc__` from `inspect.signature` at import, on every command's start.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ REQUIRE_OPS = ("eq", "ne", "in", "not_in")
 
 @dataclass(frozen=True)
 class GitPin:
+    """The pin's git source: the repository and the ref (tag, branch or commit id)."""
+
     url: str
     ref: str
 
 
 @dataclass(frozen=True)
 class PypiPin:
+    """The pin's PyPI source: the one wheel file, by name and sha256."""
+
     requirement: str       # e.g. "sglang==0.5.14"
     file: str              # exact wheel file name
     sha256: str
@@ -40,6 +45,8 @@ class PypiPin:
 
 @dataclass(frozen=True)
 class UpstreamPin:
+    """The manifest's `upstream:`: the pinned SGLang release the series applies to."""
+
     name: str
     version: str
     git: GitPin | None
@@ -49,6 +56,9 @@ class UpstreamPin:
 
 @dataclass(frozen=True)
 class Gate:
+    """A patch's env gate: the patched code runs only where the environment variable
+    `env` is `on`."""
+
     env: str
     on: str
 
@@ -85,6 +95,8 @@ class TraceSpec:
 
 @dataclass(frozen=True)
 class Patch:
+    """One `series:` entry of patches.yaml, with what its patch file records."""
+
     name: str
     file: str                 # path relative to the manifest's directory
     summary: str
@@ -106,6 +118,8 @@ class Patch:
 
 @dataclass(frozen=True)
 class Series:
+    """A loaded patches.yaml: the pin and the patches, in series order."""
+
     manifest: str             # path of patches.yaml
     root: str                 # directory holding it
     upstream: UpstreamPin

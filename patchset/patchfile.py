@@ -33,6 +33,8 @@ FILE_HEADER_LINES = ("diff --git ", "index ", "--- ", "+++ ", "new file mode ",
 
 @dataclass(frozen=True)
 class ParsedPatch:
+    """One patch file, parsed: its DEP-3 header and the files its diff changes."""
+
     header: dict[str, str]
     files: tuple[FileChange, ...]
     diff_offset: int          # 0-based line where the diff starts

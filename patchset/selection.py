@@ -16,6 +16,8 @@ from .model import PATHS, TIERS, Patch, Series
 
 @dataclass(frozen=True)
 class Selection:
+    """The selection flags of a command: --tier, --path, --only, --exclude."""
+
     tier: str | None = None
     path: str | None = None
     only: tuple[str, ...] = ()
@@ -24,6 +26,8 @@ class Selection:
 
 @dataclass(frozen=True)
 class Decision:
+    """Whether one patch is in the plan, and why (`plan` shows it)."""
+
     name: str
     selected: bool
     reason: str
@@ -32,6 +36,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class Plan:
+    """A selection resolved against a series: a decision per patch, the chosen ones."""
+
     selection: Selection
     decisions: tuple[Decision, ...]
     patches: tuple[Patch, ...] = field(default=())   # the selected ones, series order

@@ -13,12 +13,14 @@ from __future__ import annotations
 import io
 import json
 import re
-import tarfile
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from .agent.protocol import PARTS, PROTOCOL
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
+
+if TYPE_CHECKING:
+    import tarfile
 
 EventSink = Callable[[dict], None]
 AGENT_DIR = Path(__file__).resolve().parent / "agent"
@@ -100,7 +102,10 @@ def agent_files() -> dict[str, bytes]:
 
 
 def bundle(request: dict, files: Mapping[str, Path] | None = None) -> bytes:
-    """The one transfer: the agent + request.json + the data files, gzipped."""
+    """The one transfer: the agent + request.json + the data files, gzipped. tarfile is
+    imported here: a localhost apply runs the agent in process and ships no bundle."""
+    import tarfile
+
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
         for name, data in agent_files().items():
@@ -112,6 +117,8 @@ def bundle(request: dict, files: Mapping[str, Path] | None = None) -> bytes:
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    import tarfile
+
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o600

@@ -290,3 +290,16 @@ def test_no_product_pattern_is_dollar_anchored() -> None:
         for match in re.finditer(r"re\.match\(r?[\"']\^[^\"']*\$[\"']", source):
             offenders.append(f"{module.__name__}: {match.group()}")
     assert offenders == []
+
+
+def test_a_summary_is_printed_as_written_never_as_markup_or_emoji(world: World) -> None:
+    """Rich would read `[bold]` as markup and `:fire:` as an emoji code: a patch's text is
+    data, shown as it is in patches.yaml."""
+    text = "narrows [bold]F32[/bold] weights :fire: to bf16 [/]"
+    original = mutate(world, entry(0, summary=text))
+    try:
+        code, out, err = world.run("list")
+    finally:
+        world.manifest.write_bytes(original)
+    assert code == 0, err
+    assert text in out

@@ -30,7 +30,7 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color,
-                      width=width or 140, highlight=False, soft_wrap=False)
+                      width=width or 140, highlight=False, soft_wrap=False, emoji=False)
     s = data["summary"]
     c = s["checks"]
     console.print(f"[bold]patchset audit[/bold]  {data['series']['upstream']['name']} "

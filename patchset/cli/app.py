@@ -120,7 +120,7 @@ def term(stderr: bool = False):
                             for o in objects), **kwargs)
 
     tty = (sys.stderr if stderr else sys.stdout).isatty()
-    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True,
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False,
                        width=None if tty else 1000, no_color=not tty)
 
 

@@ -103,3 +103,42 @@ def test_batch_reads_missing_and_odd_names(repo: Path) -> None:
         objects.trees(base, ["evil\n--batch-all-objects"])
     with pytest.raises(gitobjects.GitError):
         objects.commit(f"{base}^{{tree}}")
+
+
+def test_snapshot_is_commit_and_trees_in_one_batch(repo: Path) -> None:
+    """The writer's one read: the base commit and its trees along the paths, one process."""
+    base = sh(repo, "rev-parse", "HEAD").strip()
+    objects = writer(repo)
+    calls: list[list[str]] = []
+    batch = objects._batch
+    objects._batch = lambda names: calls.append(names) or batch(names)
+    raw, trees = objects.snapshot(base, ["", "a", "a/b", "no/such"])
+    assert len(calls) == 1
+    assert (base, raw) == objects.commit(base)
+    assert trees == objects.trees(base, ["", "a", "a/b", "no/such"])
+    builder = gitobjects.Builder(objects, base, {"a/b/edit.py"})
+    assert builder.base_raw == raw and gitobjects.commit_time(raw) == \
+        sh(repo, "log", "-1", "--format=%ct").strip()
+    with pytest.raises(gitobjects.GitError, match="is not a commit"):
+        objects.snapshot(f"{base}^{{tree}}", [""])
+
+
+def test_builder_entries_are_the_written_commits(repo: Path) -> None:
+    """entries() after write() is what `git ls-tree` says of the commit written (the
+    engine resets the index from it): changed, deleted, new, untouched modes; a path the
+    builder never read is unknown (None), not absent."""
+    base = sh(repo, "rev-parse", "HEAD").strip()
+    objects = writer(repo)
+    builder = gitobjects.Builder(objects, base, set(CHANGES))
+    for path, data in CHANGES.items():
+        builder.change(path, objects.write("blob", data) if data is not None else None,
+                       builder.mode(path) or "100644")
+    tree = builder.write()
+    listed = {}
+    for line in sh(repo, "ls-tree", "-r", tree).splitlines():
+        meta, path = line.split("\t", 1)
+        mode, _, oid = meta.split()
+        listed[path] = (mode, oid)
+    assert builder.entries(sorted(CHANGES)) == {p: listed.get(p) for p in sorted(CHANGES)}
+    assert builder.entries(["a/gone/only.py"]) == {"a/gone/only.py": None}
+    assert builder.entries(["a/b/keep.py"]) is None

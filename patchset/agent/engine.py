@@ -30,11 +30,12 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from . import gitobjects, staleness
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
@@ -120,6 +121,10 @@ def git(cwd: Path, *args: str, data: bytes | None = None,
     return proc.stdout.decode(errors="replace")
 
 
+GIT_PATHS = ("rev-parse", "--git-path", "objects", "--git-path", "info/exclude",
+             "--show-object-format")
+
+
 # ---------------------------------------------------------------- the target
 
 class Target:
@@ -135,6 +140,8 @@ class Target:
         self.layout = self._layout(root, package)
         self.meta = self.root / META
         self._git_paths: dict[str, Any] | None = None
+        self._head: str | None = None           # HEAD as this operation last read or set it
+        self._tree: tuple[str, dict[str, gitobjects.Entry | None]] | None = None
 
     def _layout(self, root: str, package: str) -> str:
         if (self.root / self.prefix / package).is_dir():
@@ -214,12 +221,26 @@ class Target:
         """Where this checkout keeps objects and excludes, and its hash: asked once (a
         linked worktree or GIT_OBJECT_DIRECTORY puts them elsewhere than .git/)."""
         if self._git_paths is None:
-            objects, exclude, algorithm = git(
-                self.root, "rev-parse", "--git-path", "objects", "--git-path", "info/exclude",
-                "--show-object-format").splitlines()[:3]
-            self._git_paths = {"objects": self.root / objects, "exclude": self.root / exclude,
-                               "algorithm": algorithm}
+            self._rev_parse()
+        if self._git_paths is None:             # HEAD did not resolve: the paths alone
+            self._set_git_paths(git(self.root, *GIT_PATHS).splitlines())
         return self._git_paths
+
+    def _rev_parse(self) -> None:
+        """The git paths and HEAD in one `git rev-parse` (an apply needs both, and each git
+        process costs more than what it answers). Where HEAD does not resolve (an unborn
+        branch) nothing is kept: git_paths() and head() then ask alone, as they did."""
+        proc = subprocess.run(["git", *GIT_PATHS, "HEAD"], cwd=self.root,
+                              capture_output=True, env=git_env())
+        lines = proc.stdout.decode(errors="replace").splitlines()
+        if proc.returncode == 0 and len(lines) == 4:
+            self._set_git_paths(lines)
+            self._head = lines[3].strip()
+
+    def _set_git_paths(self, lines: list[str]) -> None:
+        objects, exclude, algorithm = lines[:3]
+        self._git_paths = {"objects": self.root / objects, "exclude": self.root / exclude,
+                           "algorithm": algorithm}
 
     def repository(self) -> gitobjects.Repository:
         paths = self.git_paths()
@@ -227,7 +248,37 @@ class Target:
                                      gitobjects.cat_file_batch(self.root, git_env()))
 
     def head(self) -> str | None:
-        return git(self.root, "rev-parse", "HEAD").strip() if self.is_git else None
+        """HEAD, read once per operation: the tree is locked and only this operation's
+        switch moves HEAD (it says so with moved_head); recovery reads it afresh
+        (forget_head), as a kill may have left it old or new."""
+        if not self.is_git:
+            return None
+        if self._head is None and self._git_paths is None:
+            self._rev_parse()
+        if self._head is None:
+            self._head = git(self.root, "rev-parse", "HEAD").strip()
+        return self._head
+
+    def moved_head(self, commit: str) -> None:
+        """This operation's update-ref moved HEAD to `commit` (git checked the old value)."""
+        self._head = commit
+
+    def forget_head(self) -> None:
+        self._head = None
+
+    def know_tree(self, commit: str, entries: dict[str, gitobjects.Entry | None]) -> None:
+        """The (mode, id) at `commit` of the paths a transaction writes, from the trees
+        this operation wrote for that commit (write_commits): reset_index's answer
+        without a `git ls-tree`."""
+        self._tree = (commit, entries)
+
+    def known_entries(self, commit: str,
+                      paths: list[str]) -> dict[str, gitobjects.Entry | None] | None:
+        """know_tree's entries of `paths` at `commit`, or None where one is not known."""
+        if self._tree is None or self._tree[0] != commit:
+            return None
+        known = self._tree[1]
+        return {p: known[p] for p in paths} if all(p in known for p in paths) else None
 
     @contextlib.contextmanager
     def lock(self, wait: float, op: str, read_only: bool = False) -> Iterator[None]:
@@ -368,6 +419,220 @@ def verify_base(target: Target, base_files: dict[str, str | None]) -> None:
                               "(provision the pinned upstream or point --target at it)")
 
 
+# ---------------------------------------------------------------- the exact applier
+#
+# `git apply` was a process per patch, six of an apply's seventeen. Nearly every patch is
+# the easy case: text hunks that match, byte for byte, at the line where git looks first.
+# exact_apply() does those here and gives up on anything else, which goes to `git apply`
+# as before (its error is the one a user sees). Safe because Staging.apply checks every
+# file's pre-image blob id before a patch and its post-image id after it: a hunk put in
+# the wrong place cannot pass. The rules follow git's apply.c (apply_one_fragment,
+# find_pos, match_fragment), keeping only the first position find_pos tries: no offset,
+# no fuzz, no whitespace rules, each hunk on lines no earlier hunk of the file wrote.
+
+NO_EOL = b"\\ No newline at end of file"
+_PATH = rb"[A-Za-z0-9_.+@-][A-Za-z0-9_.+@/-]*"
+_GIT_HEADER = re.compile(rb"diff --git a/(" + _PATH + rb") b/(" + _PATH + rb")")
+_INDEX = re.compile(rb"index [0-9a-f]{7,64}\.\.[0-9a-f]{7,64}(?: 100644| 100755)?")
+_HUNK_HEADER = re.compile(rb"@@ -([0-9]{1,9})(?:,([0-9]{1,9}))? "
+                          rb"\+([0-9]{1,9})(?:,([0-9]{1,9}))? @@.*", re.S)
+_KIND = {b"new file mode 100644": "new", b"new file mode 100755": "new",
+         b"deleted file mode 100644": "delete", b"deleted file mode 100755": "delete"}
+
+
+class Inexact(Exception):
+    """Not a patch the exact applier takes: `git apply` gets it."""
+
+
+class Hunk(NamedTuple):
+    old: int                  # the header's old start line
+    new: int                  # the header's new start line
+    pre: list[bytes]          # the lines it replaces (context and -), newline included
+    post: list[bytes]         # the lines it puts there (context and +)
+    trailing: int             # context lines after its last change
+
+
+class FilePatch(NamedTuple):
+    path: str                 # git layout, a/ and b/ stripped (-p1)
+    kind: str                 # "modify", "new" or "delete"
+    hunks: list[Hunk]
+
+
+def exact_apply(data: bytes, work: Path, paths: set[str]) -> dict[str, bytes | None] | None:
+    """What the patch `data` makes of the files under `work`: {path: content, None where
+    it deletes the file}, if it is a plain text patch of exactly `paths` whose every hunk
+    matches exactly where `git apply` first tries it (so git would put it there too);
+    else None. Reads the files, writes nothing."""
+    try:
+        files = parse_patch(data)
+        if len({f.path for f in files}) != len(files) or {f.path for f in files} != paths:
+            raise Inexact("not each of the patch's recorded files once")
+        return {f.path: _apply_file(work / f.path, f) for f in files}
+    except Inexact:
+        return None
+
+
+def parse_patch(data: bytes) -> list[FilePatch]:
+    """A git diff of text files (modified, new or deleted, modes 100644/100755 kept) after
+    any header text; Inexact for anything else: binary, rename, copy, mode change, quoted
+    or odd paths, hunks git reads differently (empty context lines, no change)."""
+    if b"\0" in data or not data.endswith(b"\n"):
+        raise Inexact("NUL byte or no final newline")
+    lines = data[:-1].split(b"\n")
+    at, files = _diff_start(lines), []
+    while at < len(lines):
+        section, at = _parse_section(lines, at)
+        files.append(section)
+    return files
+
+
+def _diff_start(lines: list[bytes]) -> int:
+    """The first `diff --git` line; a line before it that git could read as a diff of
+    its own (`--- `, `+++ `, `@@ -`) is git's to judge."""
+    for at, line in enumerate(lines):
+        if line.startswith(b"diff --git "):
+            return at
+        if line.startswith((b"--- ", b"+++ ", b"@@ -")):
+            raise Inexact("diff lines before the first diff --git")
+    raise Inexact("no diff --git section")
+
+
+def _parse_section(lines: list[bytes], at: int) -> tuple[FilePatch, int]:
+    match = _GIT_HEADER.fullmatch(lines[at])
+    if not match or match[1] != match[2] or not _plain_path(match[1].decode()):
+        raise Inexact("not a plain a/PATH b/PATH header")
+    at, kind, index = at + 1, "modify", False
+    while at < len(lines) and not lines[at].startswith(b"--- "):
+        if _INDEX.fullmatch(lines[at]) and not index:
+            index = True
+        elif lines[at] in _KIND and kind == "modify":
+            kind = _KIND[lines[at]]
+        else:
+            raise Inexact("an extended header line the exact applier does not take")
+        at += 1
+    old = b"/dev/null" if kind == "new" else b"a/" + match[1]
+    new = b"/dev/null" if kind == "delete" else b"b/" + match[1]
+    if lines[at:at + 2] != [b"--- " + old, b"+++ " + new]:
+        raise Inexact("---/+++ lines do not match the header")
+    at, hunks = at + 2, []
+    while at < len(lines) and lines[at].startswith(b"@@ -"):
+        hunk, at = _parse_hunk(lines, at)
+        hunks.append(hunk)
+    if not hunks or (at < len(lines) and not lines[at].startswith(b"diff --git ")):
+        raise Inexact("no hunk, or text after the hunks")
+    return FilePatch(match[1].decode(), kind, hunks), at
+
+
+def _plain_path(path: str) -> bool:
+    parts = path.split("/")
+    return not any(p in ("", ".", "..") or p.lower() == ".git" for p in parts)
+
+
+def _parse_hunk(lines: list[bytes], at: int) -> tuple[Hunk, int]:
+    """One hunk: its header's counts say how many lines it has; `\\ No newline at end of
+    file` takes the newline off the line before it (git's plen--)."""
+    match = _HUNK_HEADER.fullmatch(lines[at])
+    if not match:
+        raise Inexact("hunk header")
+    old_left, new_left = (1 if n is None else int(n) for n in (match[2], match[4]))
+    body: list[tuple[bytes, bytes]] = []           # (sign, line with its newline)
+    at += 1
+    while old_left or new_left:
+        line = lines[at] if at < len(lines) else b""
+        sign = line[:1]
+        if sign == b"\\":
+            _no_eol(body, line)
+        elif sign in (b" ", b"-", b"+"):
+            old_left -= sign != b"+"
+            new_left -= sign != b"-"
+            if old_left < 0 or new_left < 0:
+                raise Inexact("more lines than the hunk header counts")
+            body.append((sign, line[1:] + b"\n"))
+        else:
+            raise Inexact("a line that is not context, - or +")
+        at += 1
+    if at < len(lines) and lines[at].startswith(b"\\"):
+        _no_eol(body, lines[at])
+        at += 1
+    return _hunk(int(match[1]), int(match[3]), body), at
+
+
+def _no_eol(body: list[tuple[bytes, bytes]], line: bytes) -> None:
+    if line != NO_EOL or not body or not body[-1][1].endswith(b"\n"):
+        raise Inexact("a backslash line that is not one no-newline mark")
+    sign, text = body[-1]
+    body[-1] = (sign, text[:-1])
+
+
+def _hunk(old: int, new: int, body: list[tuple[bytes, bytes]]) -> Hunk:
+    if all(sign == b" " for sign, _ in body):
+        raise Inexact("a hunk that changes nothing")         # git refuses it
+    pre = [text for sign, text in body if sign != b"+"]
+    post = [text for sign, text in body if sign != b"-"]
+    if any(not text.endswith(b"\n") for text in pre[:-1] + post[:-1]):
+        raise Inexact("a no-newline mark before the last line")
+    trailing = 0
+    while trailing < len(body) and body[-1 - trailing][0] == b" ":
+        trailing += 1
+    return Hunk(old, new, pre, post, trailing)
+
+
+def _apply_file(file: Path, patch: FilePatch) -> bytes | None:
+    old = _read_regular(file)
+    if (old is None) != (patch.kind == "new"):
+        raise Inexact("the file is there to create, or missing to change")
+    image = split_lines(old or b"")
+    patched = [False] * len(image)
+    for hunk in patch.hunks:
+        _apply_hunk(image, patched, hunk)
+    result = b"".join(image)
+    if patch.kind == "delete":
+        if result:
+            raise Inexact("a deletion that leaves content")    # git refuses it
+        return None
+    if not result:
+        raise Inexact("a file left empty, not deleted")        # git warns: its case
+    return result
+
+
+def _read_regular(file: Path) -> bytes | None:
+    """The file's bytes; None if absent; Inexact for a link or anything not a file."""
+    try:
+        if not stat.S_ISREG(os.lstat(file).st_mode):
+            raise Inexact("not a regular file")
+        return file.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        raise Inexact("unreadable") from None
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """Lines as git's prepare_image cuts them: at "\\n" only (not "\\r"), newline kept,
+    the last one without it if the data does not end in one."""
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
+def _apply_hunk(image: list[bytes], patched: list[bool], hunk: Hunk) -> None:
+    """Put `hunk` where git's find_pos tries first, if it matches there exactly: a hunk
+    from line 0 or 1 matches at the start (match_beginning), one with no trailing context
+    at the end (match_end), any other at its new start line (the lines before it are
+    already patched); a line an earlier hunk wrote is never matched (LINE_PATCHED)."""
+    at_start, at_end = hunk.old <= 1, hunk.trailing == 0
+    line = 0 if at_start else len(image) - len(hunk.pre) if at_end else max(hunk.new - 1, 0)
+    if not 0 <= line <= len(image):
+        line = len(image)
+    end = line + len(hunk.pre)
+    if end > len(image) or (at_end and end != len(image)):
+        raise Inexact("the hunk does not fit there")
+    if any(patched[line:end]) or image[line:end] != hunk.pre:
+        raise Inexact("the hunk does not match there exactly")
+    image[line:end] = hunk.post
+    patched[line:end] = [True] * len(hunk.post)
+
+
 # ---------------------------------------------------------------- building the result
 
 class Staging:
@@ -405,9 +670,36 @@ class Staging:
         return self.target.read_blob(blob)
 
     def apply(self, spec: dict, patch_file: Path) -> list[tuple[str, bytes | None]]:
-        """Apply one patch (git apply is all-or-nothing per patch); return its files after."""
+        """Apply one patch, all or nothing (exactly in Python where it can, else by git
+        apply); return its files after. The blob checks either side are what make the
+        Python path safe: they hold for both."""
         for change in spec["files"]:
             self._expect(spec["name"], change["path"], change["pre"], "pre-image")
+        if not self._apply_exact(spec, patch_file):
+            self._git_apply(spec, patch_file)
+        for change in spec["files"]:
+            self._expect(spec["name"], change["path"], change["post"], "post-image")
+        return [(c["path"], self.content(c["path"])) for c in spec["files"]]
+
+    def _apply_exact(self, spec: dict, patch_file: Path) -> bool:
+        """exact_apply's result written as git apply writes it (a deleted file's emptied
+        directories go too); False where it is git's patch. The staged files' modes are
+        not kept (nothing reads them: the switch keeps each file's own)."""
+        files = exact_apply(patch_file.read_bytes(), self.work,
+                            {c["path"] for c in spec["files"]})
+        if files is None:
+            return False
+        for path, data in files.items():
+            dest = self.work / path
+            if data is None:
+                dest.unlink()
+                _remove_empty_dirs(dest.parent, self.work)
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+        return True
+
+    def _git_apply(self, spec: dict, patch_file: Path) -> None:
         env = {"GIT_CEILING_DIRECTORIES": str(self.dir)}
         try:
             git(self.work, "apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve()),
@@ -418,9 +710,6 @@ class Staging:
             raise EngineError(f"patch {spec['name']} does not apply on the base with the "
                               f"patches before it: {why or 'git apply failed'}",
                               "target") from None   # git's reason is in the one line
-        for change in spec["files"]:
-            self._expect(spec["name"], change["path"], change["post"], "post-image")
-        return [(c["path"], self.content(c["path"])) for c in spec["files"]]
 
     def _expect(self, name: str, path: str, blob: str | None, what: str) -> None:
         """Full 40-hex ids in the message: a 12-hex prefix can be the same for both."""
@@ -435,6 +724,16 @@ class Staging:
     def content(self, path: str) -> bytes | None:
         file = self.work / path
         return file.read_bytes() if file.is_file() else None
+
+
+def _remove_empty_dirs(directory: Path, top: Path) -> None:
+    """As git's remove_path: the deleted file's directories, while empty, up to `top`."""
+    while directory != top:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
 
 
 Step = list[tuple[str, "bytes | None"]]   # one patch's files after it: (path, content)
@@ -477,11 +776,10 @@ def write_commits(target: Target, base_commit: str, desired: list[dict],
         return []
     repo = target.repository()
     try:
-        _, raw = repo.commit(base_commit)
-        who = f"{AUTHOR[0]} <{AUTHOR[1]}> {gitobjects.commit_time(raw)} +0000"
         touched = sorted({p for step in steps for p, _ in step})
         disk = dict(zip(touched, target.disk_paths(touched)))
         trees = gitobjects.Builder(repo, base_commit, set(disk.values()))
+        who = f"{AUTHOR[0]} <{AUTHOR[1]}> {gitobjects.commit_time(trees.base_raw)} +0000"
         modes = {p: trees.mode(d) or "100644" for p, d in disk.items()}
         parent, ids = base_commit, []
         for spec, step in zip(desired, steps):
@@ -493,6 +791,7 @@ def write_commits(target: Target, base_commit: str, desired: list[dict],
             parent = repo.write("commit", gitobjects.commit_text(trees.write(), parent, who,
                                                                   message.encode()))
             ids.append(parent)
+        target.know_tree(parent, trees.entries(sorted(disk.values())) or {})
     except (gitobjects.GitError, OSError, ValueError) as exc:
         raise EngineError(f"cannot write the series' commits in {target.root}: {exc}") from None
     return ids
@@ -512,28 +811,48 @@ def switch(target: Target, journal: dict) -> None:
         head = target.head()
         if head != journal["new_head"]:
             git(target.root, "update-ref", "-m", "patchset", "HEAD", journal["new_head"], head)
+            target.moved_head(journal["new_head"])
         crash_point("ref")
-        reset_index(target, sorted(journal["files"]))
+        reset_index(target, sorted(journal["files"]), journal["new_head"])
     write_json(target.state_file, journal["state"])
     crash_point("state")
     target.journal_file.unlink()
     shutil.rmtree(target.meta / "txn", ignore_errors=True)
 
 
-def reset_index(target: Target, paths: list[str]) -> None:
-    """The index entries of `paths` set to HEAD's (removed where HEAD has none), the rest
-    of the index untouched: a change staged elsewhere stays staged, and no refresh stats
-    every file of the tree (`git reset` did, a third of an apply)."""
+def reset_index(target: Target, paths: list[str], head: str) -> None:
+    """The index entries of `paths` set to HEAD's (`head`, which the switch just made or
+    found HEAD; removed where it has none), the rest of the index untouched: a change
+    staged elsewhere stays staged, and no refresh stats every file of the tree (`git
+    reset` did, a third of an apply)."""
     if not paths:
         return
     disk = target.disk_paths(paths)
-    listed = [e for e in git(target.root, "ls-tree", "-z", "HEAD", "--", *disk,
-                             env=LITERAL).split("\0") if e]
+    listed = _known_listing(target, disk, head)
+    if listed is None:
+        listed = [e for e in git(target.root, "ls-tree", "-z", "HEAD", "--", *disk,
+                                 env=LITERAL).split("\0") if e]
     present = {e.split("\t", 1)[1] for e in listed}
     zero = "0" * (64 if target.git_paths()["algorithm"] == "sha256" else 40)
     removed = [f"0 {zero}\t{p}" for p in disk if p not in present]
     git(target.root, "update-index", "-z", "--index-info",
         data="".join(f"{e}\0" for e in listed + removed).encode(), env=LITERAL)
+
+
+BLOB_MODES = ("100644", "100755", "120000")
+
+
+def _known_listing(target: Target, disk: list[str], head: str) -> list[str] | None:
+    """What `git ls-tree -z HEAD -- disk` prints, from the trees this operation wrote for
+    `head` (Target.know_tree), when HEAD is that commit and every path is known as a blob
+    or absent; else None (recovery in a new process, a revert to the base commit): then
+    git is asked."""
+    entries = target.known_entries(head, disk)
+    if entries is None or target.head() != head:
+        return None
+    if any(e is not None and e[0] not in BLOB_MODES for e in entries.values()):
+        return None
+    return [f"{e[0]} blob {e[1]}\t{p}" for p, e in entries.items() if e is not None]
 
 
 def _install(dest: Path, source: Path, blob: str | None) -> None:
@@ -564,6 +883,7 @@ def recover(target: Target) -> dict | None:
             raise EngineError(f"an interrupted {journal['op']} left {path} changed by hand since "
                               f"(not {change['old']} nor {change['new']}): "
                               "restore it, then run the command again")
+    target.forget_head()    # the kill may have come before or after the HEAD update: ask git
     switch(target, journal)
     return {"op": journal["op"], "id": journal["id"], "finished": True}
 

@@ -82,10 +82,25 @@ class Repository:
 
     def trees(self, commit: str, dirs: list[str]) -> dict[str, Tree]:
         """Each directory's tree at `commit` ("" is the root); a missing one is empty."""
-        found = self._batch([f"{commit}^{{tree}}" if d == "" else f"{commit}:{d}"
-                             for d in dirs])
+        return self._parse_trees(dirs, self._batch(_tree_names(commit, dirs)))
+
+    def snapshot(self, commit: str, dirs: list[str]) -> tuple[bytes, dict[str, Tree]]:
+        """commit() and trees() in one batch: a `git cat-file` process costs more than
+        everything it reads for a series, and the writer needs both before it starts."""
+        found = self._batch([commit] + _tree_names(commit, dirs))
+        if found[0] is None or found[0][1] != "commit":
+            raise GitError(f"{commit} is not a commit")
+        return found[0][2], self._parse_trees(dirs, found[1:])
+
+    def _parse_trees(self, dirs: list[str],
+                     found: list[tuple[str, str, bytes] | None]) -> dict[str, Tree]:
         return {d: (parse_tree(obj[2], self.algorithm) if obj and obj[1] == "tree" else {})
                 for d, obj in zip(dirs, found)}
+
+
+def _tree_names(commit: str, dirs: list[str]) -> list[str]:
+    """The batch names of each directory's tree at `commit` ("" is the root)."""
+    return [f"{commit}^{{tree}}" if d == "" else f"{commit}:{d}" for d in dirs]
 
 
 def parse_tree(data: bytes, algorithm: str) -> Tree:
@@ -121,13 +136,26 @@ class Builder:
 
     def __init__(self, repo: Repository, base: str, paths: set[str]) -> None:
         self.repo = repo
+        self.paths = set(paths)
         self.dirs = sorted({d for p in paths for d in parents(p)}, key=lambda d: d.count("/"))
-        self.trees = repo.trees(base, self.dirs)
+        self.base_raw, self.trees = repo.snapshot(base, self.dirs)   # base's commit text
 
     def mode(self, path: str) -> str | None:
-        directory, _, name = path.rpartition("/")
-        entry = self.trees[directory].get(name)
+        entry = self.entry(path)
         return entry[0] if entry else None
+
+    def entry(self, path: str) -> Entry | None:
+        """`path`'s (mode, id) in the trees as they are now: after write(), the trees of
+        the commit just written (None: no such entry)."""
+        directory, _, name = path.rpartition("/")
+        return self.trees[directory].get(name)
+
+    def entries(self, paths: list[str]) -> dict[str, Entry | None] | None:
+        """entry() of each of `paths`, or None if one is not a path this builder tracks
+        (its directory was never read, so its entry is unknown, not absent)."""
+        if not set(paths) <= self.paths:
+            return None
+        return {p: self.entry(p) for p in paths}
 
     def change(self, path: str, oid: str | None, mode: str) -> None:
         directory, _, name = path.rpartition("/")

@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -294,7 +293,7 @@ class Target:
             self._acquire(handle, wait)
             if not read_only:
                 write_json(self.meta / "lock.json", {"pid": os.getpid(),
-                                                     "host": socket.gethostname(),
+                                                     "host": os.uname().nodename,
                                                      "op": op, "since": now()})
             yield
         finally:

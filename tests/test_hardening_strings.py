@@ -283,8 +283,9 @@ def test_no_product_pattern_is_dollar_anchored() -> None:
     offenders = []
     for module in _product_modules():
         for name, value in vars(module).items():
+            dollar = b"$" if isinstance(getattr(value, "pattern", None), bytes) else "$"
             if isinstance(value, re.Pattern) and not value.flags & re.MULTILINE \
-                    and value.pattern.endswith("$"):
+                    and value.pattern.endswith(dollar):
                 offenders.append(f"{module.__name__}.{name}")
         source = Path(module.__file__).read_text(encoding="utf-8")
         for match in re.finditer(r"re\.match\(r?[\"']\^[^\"']*\$[\"']", source):

@@ -7,9 +7,9 @@ raised) the wait doubles with every consecutive failure, from `interval` up to
 `max_backoff` (8 intervals by default), and the first success resets it.
 
 A scrape never waits for an audit: each finished audit rebuilds, under a lock of its own,
-the report of every host (`/report.json`) and its metric families (auditor/metrics.py); a scrape
-takes the latest of both under a lock held only to copy two references and the workers'
-counters, then serializes them. `/healthz` says whether every worker is alive.
+the report of every host (`/report.json`) and its metric families (auditor/metrics.py);
+a scrape takes the latest of both under a lock held only to copy two references and the
+workers' counters, then serializes them. `/healthz` says whether every worker is alive.
 
 A worker gathers its host (`gather(host) -> Gathered`: facts, and probe records with
 --probe); the report is evaluated from every host's latest gathering together

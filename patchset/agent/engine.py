@@ -1170,17 +1170,17 @@ def _mode(path: Path) -> str:
     return "100755" if path.is_file() and os.access(path, os.X_OK) else "100644"
 
 
-def _text_lines(text: str) -> list[str]:
-    """Lines as git cuts them, at "\n" only: str.splitlines also cuts at "\r", form feeds
-    and the like, which made a diff that does not apply to the file it came from."""
-    parts = text.split("\n")
-    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+def _text_lines(path: str, data: bytes) -> list[str]:
+    """The file's lines as git cuts them (split_lines: at "\n" only; str.splitlines also
+    cuts at "\r", form feeds and the like, which made a diff that did not apply)."""
+    _text_or_refuse(path, data)
+    return [line.decode("utf-8") for line in split_lines(data)]
 
 
 def _file_diff(path: str, old: bytes | None, new: bytes | None, mode: str) -> str:
     """One file's diff in `git diff --full-index` form (git layout paths), from difflib."""
-    a = _text_lines(_text_or_refuse(path, old or b""))
-    b = _text_lines(_text_or_refuse(path, new or b""))
+    a = _text_lines(path, old or b"")
+    b = _text_lines(path, new or b"")
     pre = blob_id(old) if old is not None else NULL_BLOB
     post = blob_id(new) if new is not None else NULL_BLOB
     out = [f"diff --git a/{path} b/{path}\n"]

@@ -8,11 +8,13 @@ the culprit. Only the fields the audit uses are read, each checked; a bad file i
 naming the file and the field (exit 2), before any host is contacted. The ranking
 (auditor/rank.py) reads the typed record, model.Measured.
 
-Which contributions are above the noise: the search gives a suspect a value only once its
-drift exceeded the search's threshold (driftsearch.search: a group above it is split, a
-group within it is cleared whole), except the lone suspect of a one-candidate bisect,
-whose value is measured either way: that one is above when it is the culprit. A report
-that also records the threshold (`threshold`, a number) is judged by it.
+Which contributions are above the noise: a report records it per contribution (`above`,
+decided by the search against the contribution's own standard error: driftsearch.search).
+An older report without it is judged as the search then judged: a suspect got a value only
+once its drift exceeded the search's threshold (a group above it is split, a group within
+it is cleared whole), except the lone suspect of a one-candidate bisect, whose value is
+measured either way: that one is above when it is the culprit; a report that records the
+threshold (`threshold`, a number) is judged by it.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
         if c.how not in HOW_ATTRIBUTED + HOW_CLEARED:
             raise MeasuredError(f"{where}: {at}.how: {c.how!r} is not one of "
                                 f"{', '.join(HOW_ATTRIBUTED + HOW_CLEARED)}")
-        contributions.append(c)
+        contributions.append((c, f.flag(item, "above", at)))
     steps = []
     for i, step in enumerate(f.items(data, "steps")):
         at = f"steps[{i}]"
@@ -125,15 +127,19 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
                     symptom=str(data.get("symptom") or ""), threshold=threshold,
                     contributions=tuple(_judged(contributions, threshold, culprit)),
                     steps=tuple(steps), culprit=culprit,
-                    verdict=str(data.get("verdict") or ""))
+                    verdict=str(data.get("verdict") or ""),
+                    recorded=all(flag is not None for _, flag in contributions))
 
 
-def _judged(contributions: list[Contribution], threshold: float | None,
+def _judged(contributions: list[tuple[Contribution, bool | None]], threshold: float | None,
             culprit: str | None) -> list[Contribution]:
-    """Each contribution with `above` set (the module's docstring says how)."""
+    """Each contribution with `above` set, from the recorded flag where there is one (the
+    module's docstring says how)."""
     out = []
-    for c in contributions:
-        if c.value is None:
+    for c, recorded in contributions:
+        if recorded is not None:
+            above = recorded and c.value is not None
+        elif c.value is None:
             above = False
         elif threshold is not None:
             above = c.value > threshold
@@ -174,6 +180,16 @@ class _Fields:
             raise MeasuredError(f"{self.where}: {name}: expected a number >= 0"
                                 f"{' or null' if null else ''}, got {_shown(value)}")
         return float(value)
+
+    def flag(self, obj: Any, key: str, at: str = "") -> bool | None:
+        """An optional true/false (None when absent: a report older than the field)."""
+        if not isinstance(obj, dict) or key not in obj:
+            return None
+        value, name = self._get(obj, key, at)
+        if not isinstance(value, bool):
+            raise MeasuredError(f"{self.where}: {name}: expected true or false, got "
+                                f"{_shown(value)}")
+        return value
 
     def items(self, obj: Any, key: str, at: str = "") -> list:
         value, name = self._get(obj, key, at)

@@ -210,10 +210,10 @@ class Contribution:
 
     suspect: str
     value: float | None              # the drift it carries; None: cleared with its group
-    low: float                       # the interval (value +- k sigma of the noise)
+    low: float                       # the interval (value +- k standard errors)
     high: float
     how: str                         # measured | inferred | cleared-group | not-needed
-    above: bool = False              # above the bisect's noise threshold: it carries drift
+    above: bool = False              # told from the noise by the bisect: it carries drift
 
 
 @dataclass(frozen=True)
@@ -242,6 +242,7 @@ class Measured:
     culprit: str | None
     verdict: str
     ranks: bool = True               # it orders the suspects (the symptom's measured_by)
+    recorded: bool = True            # `above` as the search recorded it (else by threshold)
 
     def contribution(self, suspect: str) -> Contribution | None:
         return next((c for c in self.contributions if c.suspect == suspect), None)
@@ -258,8 +259,8 @@ class MeasuredContribution:
     low: float
     high: float
     how: str
-    threshold: float | None
-    above: bool                      # above the noise threshold: it carries drift
+    threshold: float | None          # what judged it; None: its own error (k standard errors)
+    above: bool                      # told from the noise: it carries drift
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,9 @@ def _measure(item: _Scored, runs: list[Measured]) -> None:
         c = run.contribution(item.name)
         if c is not None:
             found.append(MeasuredContribution(run.host, run.id, run.source, c.value, c.low,
-                                              c.high, c.how, run.threshold, c.above))
+                                              c.high, c.how,
+                                              None if run.recorded else run.threshold,
+                                              c.above))
         elif run.host in item.hosts:
             notes.append(f"not measured on {run.host} (bisect {run.id}): it was not among "
                          "that bisect's candidates")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "standin" / "payload"))
 
 from isolate import driftsearch                                   # noqa: E402
-from isolate.driftstats import compare, noise_threshold            # noqa: E402
+from isolate.driftstats import compare, exceeds                    # noqa: E402
 
 
 def toy_states(tokens: int, output: int) -> dict[bool, tuple[list[float], list[float]]]:
@@ -61,17 +61,17 @@ def toy_measure(numbers: tuple, culprit: str):
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
         rule_on = culprit not in group
         prefill, decode = states[rule_on]
-        ab = compare(prefill, base, start).overall.mean or 0.0
-        pd = compare(prefill, decode, start).overall.mean or 0.0
-        return driftsearch.Measurement(ab, pd <= threshold_of(numbers))
+        ab = compare(prefill, base, start).points
+        pd = [v for _, v in compare(prefill, decode, start).points]
+        return driftsearch.Measurement(tuple(v for _, v in ab), not exceeds(pd, noise_of(numbers)),
+                                       tuple(pos for pos, _ in ab))
     return measure
 
 
-def threshold_of(numbers: tuple) -> float:
+def noise_of(numbers: tuple) -> list[float]:
     """The noise: two replays of the starting state's tokens on the starting state."""
     states, base, start = numbers
-    noise = [v for _, v in compare(states[True][0], base, start).points]
-    return noise_threshold(noise)
+    return [v for _, v in compare(states[True][0], base, start).points]
 
 
 def main() -> None:
@@ -82,12 +82,12 @@ def main() -> None:
     started = time.monotonic()
     rows = []
     numbers = toy_states(args.tokens, 64)
-    threshold = threshold_of(numbers)
+    noise = driftsearch.Noise.of(noise_of(numbers))
     for n in range(2, args.max_n + 1):
         names = [f"s{i + 1}" for i in range(n)]
         group, single = [], []
         for culprit in names:
-            found = driftsearch.search(names, toy_measure(numbers, culprit), threshold, 0.0)
+            found = driftsearch.search(names, toy_measure(numbers, culprit), noise)
             assert found.culprits == [culprit], (n, culprit, found)
             group.append(found.restarts)
             single.append(driftsearch.one_at_a_time(names, culprit))

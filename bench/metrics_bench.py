@@ -88,7 +88,7 @@ def host_report(host: str, n_servers: int, cycle: int) -> dict:
     counts = {s: 0 for s in report.STATUS_ORDER}
     for f in findings:
         counts[f["status"]] += 1
-    return {"schema": report.SCHEMA_ID, "schema_version": "1.4", "tool_version": "0.1.0",
+    return {"schema": report.SCHEMA_ID, "schema_version": "1.5", "tool_version": "0.1.0",
             "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)),
             "series": {"manifest": "patches.yaml",
                        "upstream": {"name": "sglang", "version": "0.5.14"},

@@ -21,12 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
-import math
 import os
 import secrets
 import signal
 import socket
-import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -188,9 +186,9 @@ class DriftProbe:
         """(A/B drift of the starting state's tokens, this state's prefill-vs-decode)."""
         once = replace(self.spec, repeats=1)
         return self._guard(lambda: (drift.a_b(base, drift.replay_saved(self.client, base, once),
-                                              self.spec.k),
+                                              self.spec.k, noise_of=base),
                                     drift.prefill_vs_decode(drift.measure(self.client, once),
-                                                            self.spec.k)))
+                                                            self.spec.k, noise_of=base)))
 
     @staticmethod
     def _guard(run: Callable[[], Any]) -> Any:
@@ -286,7 +284,6 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
     noise = drift.noise(base)
     threshold = driftstats.noise_threshold(noise, probe.spec.k)
     report.threshold = threshold
-    spread = statistics.stdev(noise) / math.sqrt(len(noise))   # of a mean over the tokens
     api.bisect_mark(t.series, t.transport, report.id, _record(report, t))
 
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
@@ -296,19 +293,18 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         started = time.monotonic()
         step = _enter(t, report, "group", _group_change(t, chosen), out, gates, say)
         ab, here = probe.at(base)
-        cleared = not driftstats.exceeds([v for _, v in here.overall.points], noise,
-                                         probe.spec.k)
-        step.probe_ok = cleared
+        found = measurement(ab, here, noise, probe.spec.k)
+        step.probe_ok = found.cleared
         step.probes = [_drift_json(ab), _drift_json(here)]
         step.seconds = round(time.monotonic() - started, 2)
         say(f"{t.host.name}: step {step.number}: A/B drift {ab.overall.overall.mean:.3g}; "
-            f"prefill vs decode {'within' if cleared else 'above'} the noise")
-        return driftsearch.Measurement(ab.overall.overall.mean or 0.0, cleared)
+            f"prefill vs decode {'within' if found.cleared else 'above'} the noise")
+        return found
 
     def attribute() -> None:
-        found = driftsearch.search(list(steps), measure, threshold, spread, probe.spec.k,
-                                   cheap=frozenset(n for n, c in steps.items()
-                                                   if c.plan == "gate-off"))
+        found = driftsearch.search(list(steps), measure, driftsearch.Noise.of(noise),
+                                   probe.spec.k, cheap=frozenset(n for n, c in steps.items()
+                                                                 if c.plan == "gate-off"))
         report.contributions = [asdict(c) for c in found.contributions]
         report.verdict = _drift_verdict(found, threshold)
         if found.culprits:
@@ -317,6 +313,17 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
                               "contribution": top.value, "interval": [top.low, top.high]}
 
     return _restoring(t, report, say, attribute, "interrupted before the drift was attributed")
+
+
+def measurement(ab: Any, here: Any, noise: list[float], k: float) -> driftsearch.Measurement:
+    """A test state for the search: `ab` (drift.a_b of the starting state's tokens) token
+    by token, keyed by sequence and position so two states' values pair up, and whether
+    `here` (the state's own prefill-vs-decode drift) is within the starting state's noise."""
+    points = [((p.name, pos), v) for p in ab.per_sequence
+              for pos, v in p.comparison.points]
+    cleared = not driftstats.exceeds([v for _, v in here.overall.points], noise, k)
+    return driftsearch.Measurement(tuple(v for _, v in points), cleared,
+                                   tuple(key for key, _ in points))
 
 
 def _group_change(t: BisectHost, chosen: list[Candidate]) -> str:

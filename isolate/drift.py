@@ -272,24 +272,29 @@ class DriftReport:
                               for s in self.per_sequence]}
 
 
-def prefill_vs_decode(run: DriftRun, k: float = 3.0) -> DriftReport:
-    """Decode's logprobs against the first replay's; the noise: replays against it."""
+def prefill_vs_decode(run: DriftRun, k: float = 3.0,
+                      noise_of: DriftRun | None = None) -> DriftReport:
+    """Decode's logprobs against the first replay's; the noise: replays against it (or
+    `noise_of`'s, for a run replayed once: a bisect's test state)."""
     per = tuple(SequenceDrift(s.name, s.start, len(s.output_ids),
                               compare(s.prefill_lp[0], s.decode_lp, s.start, s.prefill_top,
                                       s.decode_top))
                 for s in run.sequences if s.prefill_lp)
     overall = pooled([p.comparison for p in per])
     return DriftReport("prefill-vs-decode", run.endpoint, per, overall,
-                       _judge(overall, run, k), run.seconds)
+                       _judge(overall, noise_of or run, k), run.seconds)
 
 
-def a_b(saved: DriftRun, now: DriftRun, k: float = 3.0, where: str = "") -> DriftReport:
-    """State A (saved) against state B (now), replay against replay, same tokens."""
+def a_b(saved: DriftRun, now: DriftRun, k: float = 3.0, where: str = "",
+        noise_of: DriftRun | None = None) -> DriftReport:
+    """State A (saved) against state B (now), replay against replay, same tokens; judged
+    against B's replays, or `noise_of`'s where B was replayed once (a bisect's test state,
+    judged against the starting state's noise, as its search judges it)."""
     per = tuple(SequenceDrift(b.name, b.start, len(b.output_ids),
                               compare(b.prefill_lp[0], a.prefill_lp[0], b.start))
                 for a, b in zip(saved.sequences, now.sequences) if a.prefill_lp and b.prefill_lp)
     overall = pooled([p.comparison for p in per])
-    return DriftReport("a-b", now.endpoint, per, overall, _judge(overall, now, k),
+    return DriftReport("a-b", now.endpoint, per, overall, _judge(overall, noise_of or now, k),
                        now.seconds, against=where or saved.endpoint)
 
 

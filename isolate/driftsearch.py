@@ -2,11 +2,13 @@
 
 A bisect by drift measures states of the host, each one restart of its servers (minutes
 on a real deployment), so the number of states is what to save. A state is the starting
-state S with a group G of suspects taken out (gates unset, or reverted). Two numbers come
-back from each (isolate/driftbisect.py measures them):
+state S with a group G of suspects taken out (gates unset, or reverted). Two things come
+back from each (isolate/bisect.py measures them):
 
-* `ab`: the A/B drift between S and S - G (S's saved tokens replayed on both): how much
-  taking G out moves the output, i.e. G's contribution;
+* the A/B drift between S and S - G, per token (S's saved tokens replayed on both, so
+  the same positions every state): how much taking G out moves the output. Net of the
+  noise's mean (two replays of one state differ by that much already), it is G's
+  contribution;
 * `cleared`: whether S - G's own prefill-vs-decode drift is back within the noise: G
   holds everything that made prefill and decode disagree.
 
@@ -16,31 +18,98 @@ the first half; if that clears the drift, the second half is not needed; otherwi
 second half's contribution is the group's minus the first's (contributions add: the
 statement this rests on, true for independent small perturbations, and shown per step
 so it can be checked) or is measured when the group's is not known. A half whose
-contribution is within the noise is dropped whole. One culprit among n: at most
+contribution cannot be told from zero is dropped whole. One culprit among n: at most
 ceil(log2 n) + 1 states; each suspect ends with a contribution (measured or inferred)
 and its interval.
+
+Telling a contribution from zero uses its own standard error, not only the noise's: a
+large drift's A/B varies from one measurement to the next far more than two replays of
+one state do (the drift times the jitter, token by token), and a group measured on fewer
+tokens than the noise has a wider spread than the noise's. A measured contribution is
+real when it exceeds k x sqrt(se^2 + se_noise^2) (Welch, as driftstats.Verdict); an
+inferred one is the token-by-token difference of two measurements of the same tokens, so
+its error is the paired one; either way its interval is value +- that k x se.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
+
+from .driftstats import RESOLUTION
+
+
+def _se(values: Sequence[float]) -> float:
+    """The standard error of the mean of `values` (0 for fewer than two)."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Two replays of the starting state against each other: the A/B drift of a group
+    that changes nothing has this mean; `se` is the standard error of that mean."""
+
+    mean: float
+    se: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Noise:
+        return cls(statistics.fmean(values) if values else 0.0, _se(values))
 
 
 @dataclass(frozen=True)
 class Measurement:
-    ab: float                  # A/B drift S vs S - group
-    cleared: bool              # S - group's prefill-vs-decode drift within the noise
+    """One test state: the A/B drift of S vs S - group, token by token in the order of
+    S's saved tokens (the same positions in every state), and whether S - group's own
+    prefill-vs-decode drift is back within the noise."""
+
+    values: tuple[float, ...]
+    cleared: bool
+    keys: tuple = ()           # which token each value is (sequence, position): the pairing
+
+    @property
+    def ab(self) -> float:
+        return statistics.fmean(self.values) if self.values else 0.0
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A contribution in numbers: net of the noise's mean, with its standard error and
+    the per-token values it came from (for a paired difference)."""
+
+    value: float
+    se: float
+    values: tuple[float, ...] = ()
+    keys: tuple = ()
+
+    @classmethod
+    def measured(cls, m: Measurement, noise: Noise) -> Effect:
+        return cls(m.ab - noise.mean, math.hypot(_se(m.values), noise.se),
+                   tuple(v - noise.mean for v in m.values), m.keys)
+
+    def minus(self, part: Effect) -> Effect:
+        """The rest of a group once its `part` is known: token by token when both were
+        measured on the same tokens (the errors then pair), else the errors add."""
+        if len(self.values) > 1 and self.keys and self.keys == part.keys:
+            diff = tuple(a - b for a, b in zip(self.values, part.values))
+            return Effect(statistics.fmean(diff), _se(diff), diff, self.keys)
+        return Effect(self.value - part.value, math.hypot(self.se, part.se))
+
+    def real(self, k: float) -> bool:
+        """Told from zero: above k standard errors and above what logprobs resolve."""
+        return self.value > k * self.se and self.value > RESOLUTION
 
 
 @dataclass
 class Contribution:
     suspect: str
-    value: float | None        # drift it carries (None: not attributable)
+    value: float | None        # drift it carries, net of the noise (None: not attributable)
     low: float
     high: float
     how: str                   # measured | inferred | cleared-group | not-needed
+    above: bool = False        # told from zero at the search's k: it carries drift
 
 
 @dataclass
@@ -57,55 +126,58 @@ class SearchResult:
 Measure = Callable[[tuple[str, ...]], Measurement]
 
 
-def search(order: list[str], measure: Measure, threshold: float, spread: float,
-           k: float = 3.0, cheap: frozenset[str] = frozenset()) -> SearchResult:
-    """`order`: the suspects, most likely first; `threshold`: a drift above it is real
-    (noise mean + k sigma); `spread`: the noise's sigma (for the intervals); `cheap`: the
-    suspects taken out without a code change (gates), which lead `order`: a group splits
-    where they end whenever that split is as good as halving (no half larger than a
-    power of two the halves would be), so a gate-driven culprit is found by gates only."""
+def search(order: list[str], measure: Measure, noise: Noise, k: float = 3.0,
+           cheap: frozenset[str] = frozenset()) -> SearchResult:
+    """`order`: the suspects, most likely first; `noise`: two replays of the starting
+    state (a group's contribution is its A/B drift net of the noise's mean); `k`: how many
+    standard errors make a contribution real; `cheap`: the suspects taken out without a
+    code change (gates), which lead `order`: a group splits where they end whenever that
+    split is as good as halving (no half larger than a power of two the halves would be),
+    so a gate-driven culprit is found by gates only."""
     result = SearchResult()
     memo: dict[tuple[str, ...], Measurement] = {}
+    unknown = Effect(0.0, noise.se)          # a group never measured: the noise's bound
 
-    def state(group: tuple[str, ...]) -> Measurement:
+    def state(group: tuple[str, ...]) -> tuple[Measurement, Effect]:
         if group not in memo:
             memo[group] = measure(group)
             result.states.append(group)
-        return memo[group]
+        return memo[group], Effect.measured(memo[group], noise)
 
-    def add(names: tuple[str, ...], value: float | None, how: str, width: float) -> None:
+    def add(names: tuple[str, ...], effect: Effect, how: str) -> None:
+        width = k * effect.se
         for name in names:
-            v = value if len(names) == 1 else None
-            low = max(0.0, (v if v is not None else 0.0) - width)
-            high = (v if v is not None else threshold) + width
-            result.contributions.append(Contribution(name, v, low, high, how))
-            if v is not None and v > threshold:
+            alone = len(names) == 1 and how in ("measured", "inferred")
+            above = alone and effect.real(k)
+            value = max(effect.value, 0.0) if alone else None     # a drift is never < 0
+            result.contributions.append(Contribution(
+                name, value, max(0.0, effect.value - width) if alone else 0.0,
+                max(effect.value, 0.0) + width, how, above))
+            if above:
                 result.culprits.append(name)
 
-    def walk(group: tuple[str, ...], known: float | None, how: str) -> None:
+    def walk(group: tuple[str, ...], known: Effect | None, how: str) -> None:
         if len(group) == 1:
-            value = known if known is not None else state(group).ab
-            add(group, value, how if known is not None else "measured",
-                k * spread * (math.sqrt(2) if how == "inferred" else 1.0))
+            add(group, known if known is not None else state(group)[1], how)
             return
         half = split(group, cheap)
         first, second = group[:half], group[half:]
-        m1 = state(first)
-        if m1.ab > threshold:
-            walk(first, m1.ab, "measured")
+        m1, e1 = state(first)
+        if e1.real(k):
+            walk(first, e1, "measured")
         else:
-            add(first, None, "cleared-group", k * spread)
-        if m1.cleared and m1.ab > threshold:
-            add(second, None, "not-needed", k * spread)
+            add(first, e1, "cleared-group")
+        if m1.cleared and e1.real(k):
+            add(second, known.minus(e1) if known is not None else unknown, "not-needed")
             return
         if known is not None:
-            rest, rest_how = known - m1.ab, "inferred"
+            rest, rest_how = known.minus(e1), "inferred"
         else:
-            rest, rest_how = state(second).ab, "measured"
-        if rest > threshold:
+            rest, rest_how = state(second)[1], "measured"
+        if rest.real(k):
             walk(second, rest, rest_how)
         else:
-            add(second, None, "cleared-group", k * spread)
+            add(second, rest, "cleared-group")
 
     if order:
         walk(tuple(order), None, "measured")

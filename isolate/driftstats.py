@@ -150,12 +150,7 @@ def exceeds(drift: list[float], noise: list[float], k: float = DEFAULT_K) -> boo
 
 
 def noise_threshold(noise: list[float], k: float = DEFAULT_K) -> float:
-    """Above this a group's mean drift (of as many tokens as the noise has) is real: the
-    same test with the drift's spread taken to be the noise's."""
+    """The one threshold a bisect's report shows: what a group's mean drift would have to
+    exceed if it had the noise's tokens and spread. The search judges each group by its
+    own spread (isolate/driftsearch.py), which a large drift's is not."""
     return _threshold(noise, noise, k)[0] if len(noise) >= 2 else RESOLUTION
-
-
-def interval(value: float, noise: list[float], k: float = DEFAULT_K) -> tuple[float, float]:
-    """value +- k x the noise's spread (a measured contribution's interval)."""
-    sd = statistics.stdev(noise) if len(noise) >= 2 else 0.0
-    return (max(0.0, value - k * sd), value + k * sd)

@@ -6,10 +6,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import random
 import shlex
-import statistics
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from auditor.model import ProbeResult
 from auditor.policy import AuditDataError
 from auditor.rank import Access
 from isolate import drift, driftsearch, driftstats
-from isolate.bisect import BisectReport, BisectStep, save
+from isolate.bisect import BisectReport, BisectStep, measurement, save
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 ACCESS = Access(ssh={"gpu1": ["ssh", "-p", "22", "root@10.0.0.5"]},
@@ -237,22 +235,23 @@ def bisect_file(path: Path, host: str = "gpu1", deltas: dict[str, float] = DELTA
     threshold = driftstats.noise_threshold(noise, K)
     report = BisectReport(host=host, id=f"b-{host}", probe="drift", url=ENDPOINT,
                           symptom="decode-quality", started="2026-11-29T12:00:00Z",
-                          starting=list(ORDER), strategy="group-testing")
+                          starting=list(ORDER), strategy="group-testing",
+                          threshold=threshold)
     report.steps.append(BisectStep(0, "baseline", "starting state", list(ORDER), [],
                                    not start.verdict.above, [start.to_json()]))
 
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
         state = state_run(set(ORDER) - set(group), deltas, replays=1)
-        ab, here = drift.a_b(base, state, K), drift.prefill_vs_decode(state, K)
-        cleared = not driftstats.exceeds([v for _, v in here.overall.points], noise, K)
+        ab = drift.a_b(base, state, K, noise_of=base)
+        here = drift.prefill_vs_decode(state, K, noise_of=base)
+        found = measurement(ab, here, noise, K)
         report.steps.append(BisectStep(len(report.steps), "group",
                                        f"take out {', '.join(group)}, restart",
-                                       [n for n in ORDER if n not in group], [], cleared,
+                                       [n for n in ORDER if n not in group], [], found.cleared,
                                        [ab.to_json(), here.to_json()]))
-        return driftsearch.Measurement(ab.overall.overall.mean or 0.0, cleared)
+        return found
 
-    found = driftsearch.search(list(ORDER), measure, threshold,
-                               statistics.stdev(noise) / math.sqrt(len(noise)), K)
+    found = driftsearch.search(list(ORDER), measure, driftsearch.Noise.of(noise), K)
     report.contributions = [dataclasses.asdict(c) for c in found.contributions]
     if found.culprits:
         top = max(found.contributions, key=lambda c: c.value or 0.0)
@@ -340,6 +339,24 @@ def test_a_drift_probe_that_fails_corroborates_decode_quality(series, seed) -> N
     assert probe.command == f"python3 -m isolate.probe greedy --url {ENDPOINT} --max-tokens 2000"
 
 
+def test_the_recorded_judgement_is_the_audits_and_an_older_file_is_judged_by_its_threshold(
+        series, tmp_path) -> None:
+    """The search decides which contributions are real from their own errors and records
+    it (`above`); the audit takes that, and judges a file from before the field by the
+    recorded threshold, as the search then did."""
+    data = json.loads(bisect_file(tmp_path / "bisect.json").read_text())
+    [top] = [c for c in data["contributions"] if c["suspect"] == "default-thinking-reasoning"]
+    assert top["above"] is True and top["value"] > data["threshold"]
+    top["above"] = False                     # the search found it within its own error
+    (tmp_path / "judged.json").write_text(json.dumps(data))
+    for c in data["contributions"]:
+        del c["above"]
+    (tmp_path / "older.json").write_text(json.dumps(data))
+    for name, above in (("judged.json", False), ("older.json", True)):
+        [run] = measured.load_all([tmp_path / name], ["gpu1"], series, "decode-quality")
+        assert run.contribution("default-thinking-reasoning").above is above, name
+
+
 def test_bad_measured_files_exit_2_with_one_line_before_any_host(series, tmp_path, capsys,
                                                                  monkeypatch) -> None:
     monkeypatch.setenv("PATCHSET_INVENTORY", str(tmp_path / "none.yaml"))
@@ -372,6 +389,9 @@ def test_bad_measured_files_exit_2_with_one_line_before_any_host(series, tmp_pat
         (written("value.json", edited(contributions=[dict(good["contributions"][1],
                                                            value=-1)])),
          "contributions[0].value: expected a number >= 0 or null, got -1"),
+        (written("above.json", edited(contributions=[dict(good["contributions"][0],
+                                                           above="yes")])),
+         'contributions[0].above: expected true or false, got "yes"'),
         (written("steps.json", edited(steps="none")), "steps: expected a list"),
     ]
     for path, says in cases:

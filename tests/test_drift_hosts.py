@@ -113,6 +113,10 @@ def test_bisect_attributes_the_drift_to_mhc_bf16_within_the_bound(served, capsys
                for name, c in values.items() if name != "mhc-bf16")
     assert report["unit_restarts"] == sum(len(s["restarted"]) for s in report["steps"])
     assert report["steps"][-1]["action"] == "restore"
+    for step in report["steps"][1:-1]:      # each state judged against the start's noise
+        ab, here = step["probes"]
+        assert ab["verdict"]["above"] is not None, ab["verdict"]
+        assert here["verdict"]["above"] is (not step["probe_ok"]), (here["verdict"], step)
     assert snapshot(served) == before
 
 

@@ -73,16 +73,27 @@ TargetOpt = typer.Option(None, "--target", help="tree to manage on localhost "
 MAX_SECONDS = 7 * 24 * 3600
 
 
-def seconds(value: Optional[float]) -> Optional[float]:
-    """Every duration option: a finite number of seconds in 0..one week (typer's float
-    parser takes `nan`, `inf` and `-1`, which would wait forever or never)."""
-    if value is not None and not 0 <= value <= MAX_SECONDS:     # False for nan too
-        raise typer.BadParameter(f"{value!r} is not a number of seconds (0 to {MAX_SECONDS})")
-    return value
+def within(lo: float, hi: float, what: str) -> Callable[[Optional[float]], Optional[float]]:
+    """The callback of every float option: a finite number in lo..hi. typer's float parser
+    takes `nan` (and its min/max let nan through: every comparison with it is false), `inf`
+    and `-1`, which would wait forever, never, or judge nothing."""
+    def check(value: Optional[float]) -> Optional[float]:
+        if value is not None and not lo <= value <= hi:         # False for nan too
+            raise typer.BadParameter(f"{value!r} is not {what} ({lo:g} to {hi:g})")
+        return value
+    return check
+
+
+seconds = within(0, MAX_SECONDS, "a number of seconds")
 
 
 def SecondsOpt(default: Optional[float], *flags: str, help: str):  # noqa: N802 - an Option
     return typer.Option(default, *flags, help=help, callback=seconds)
+
+
+SigmasOpt = typer.Option(3.0, "--sigmas", callback=within(0.5, 10.0, "a number of sigmas"),
+                         help="drift: how many standard errors above the noise make a drift "
+                         "(or a bisect's contribution) real")
 
 
 LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another patchset "

@@ -13,7 +13,7 @@ import typer
 
 from ..errors import Exit
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt,
-                  ProbeTimeoutOpt, SeriesOpt, TargetOpt, app, emit_json, esc, load, output_file,
+                  ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TargetOpt, app, emit_json, esc, load, output_file,
                   resolver_for, say, term)
 
 
@@ -27,6 +27,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                        "of the starting state (their spread is the noise)"),
            output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=32768,
                                              help="drift: tokens generated per sequence"),
+           sigmas: float = SigmasOpt,
            symptom: str = typer.Option("context-loss", "--symptom", help="which ranking "
                                        "orders the suspects"),
            url: Optional[str] = typer.Option(None, "--url", help="probe this endpoint "
@@ -61,7 +62,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
             plan = bisector.DriftProbe(
                 client_for(host, url_checked, None, api_key_env, resolver=resolver),
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
-                          timeout=probe_timeout))
+                          timeout=probe_timeout, k=sigmas))
         else:
             from isolate.probe import direct
             plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,

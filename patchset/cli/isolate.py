@@ -15,6 +15,7 @@ from .app import (
     AcceptNewOpt,
     ApiKeyEnvOpt,
     SecondsOpt,
+    SigmasOpt,
     InventoryOpt,
     JsonOpt,
     LockWaitOpt,
@@ -53,8 +54,7 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
                                       "of each sequence (their spread is the noise)"),
           output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=32768,
                                             help="drift: tokens generated per sequence"),
-          sigmas: float = typer.Option(3.0, "--sigmas", min=0.5, max=10.0, help="drift: "
-                                       "above the noise mean by this many sigmas = drift"),
+          sigmas: float = SigmasOpt,
           fmt: str = typer.Option("table", "--format", help="table | json | html"),
           inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Context-fidelity probes (multi-turn recall with tools, long-context needle per

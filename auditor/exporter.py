@@ -62,6 +62,12 @@ def parse_duration(text: str, flag: str = "--interval") -> float:
     return seconds
 
 
+def base_url(address: str, port: int) -> str:
+    """Where the exporter answers, as a URL (an IPv6 address in brackets, as --listen
+    takes it)."""
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
 def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
     """`ADDRESS:PORT` (`[::1]:9808` for IPv6). Only a loopback address unless `public`:
     the report names hosts, paths and patches to whoever can connect."""

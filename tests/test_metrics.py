@@ -370,6 +370,8 @@ def test_serve_refuses_a_public_address_without_the_flag_and_bad_intervals(capsy
     assert code == 2 and "--interval '0s'" in err
     assert exporter.parse_listen("0.0.0.0:9808", public=True) == ("0.0.0.0", 9808)
     assert exporter.parse_listen("[::1]:9808") == ("::1", 9808)
+    assert exporter.base_url("::1", 9808) == "http://[::1]:9808"
+    assert exporter.base_url("127.0.0.1", 9808) == "http://127.0.0.1:9808"
     assert exporter.parse_listen("localhost:1") == ("localhost", 1)
     assert [exporter.parse_duration(t) for t in ("90", "30s", "5m", "1h", "500ms")] == \
         [90, 30, 300, 3600, 0.5]

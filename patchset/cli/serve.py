@@ -71,7 +71,7 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
-    say(f"patchset serve: http://{where[0]}:{where[1]}/metrics, {len(specs)} host(s) "
+    say(f"patchset serve: {exporter.base_url(*where)}/metrics, {len(specs)} host(s) "
         f"every {period:g}s")
     try:
         while not stop.wait(1.0):

@@ -100,6 +100,10 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
         if c.how not in HOW_ATTRIBUTED + HOW_CLEARED:
             raise MeasuredError(f"{where}: {at}.how: {c.how!r} is not one of "
                                 f"{', '.join(HOW_ATTRIBUTED + HOW_CLEARED)}")
+        if not c.low <= (c.value if c.value is not None else c.low) <= c.high:
+            shown = "null" if c.value is None else f"{c.value:g}"
+            raise MeasuredError(f"{where}: {at}: low {c.low:g}, value {shown}, high "
+                                f"{c.high:g}: not an interval around the value")
         contributions.append((c, f.flag(item, "above", at)))
     steps = []
     for i, step in enumerate(f.items(data, "steps")):

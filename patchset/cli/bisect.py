@@ -12,9 +12,9 @@ from typing import Optional
 import typer
 
 from ..errors import Exit
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt,
-                  ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TargetOpt, app, emit_json, esc, load, output_file,
-                  resolver_for, say, term)
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, DeployView, HealthTimeoutOpt, InventoryOpt,
+                  JsonOpt, ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TargetOpt, app, emit_json, esc,
+                  load, output_file, resolver_for, say, term)
 
 
 @app.command()

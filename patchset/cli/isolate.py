@@ -14,13 +14,13 @@ from ..errors import Exit, UsageError
 from .app import (
     AcceptNewOpt,
     ApiKeyEnvOpt,
-    SecondsOpt,
-    SigmasOpt,
     InventoryOpt,
     JsonOpt,
     LockWaitOpt,
     RichProgress,
+    SecondsOpt,
     SeriesOpt,
+    SigmasOpt,
     TargetOpt,
     app,
     emit_json,
@@ -73,7 +73,8 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
     if save or against:
         raise UsageError("--save and --against go with --kind drift")
     from isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
-    spec = FidelitySpec(url=parse_url(url) if url else None, host=host, inventory=str(inventory) if inventory else None,
+    spec = FidelitySpec(url=parse_url(url) if url else None, host=host,
+                        inventory=str(inventory) if inventory else None,
                         kinds=parse_kinds(kind), sizes=parse_sizes(sizes),
                         api_key_env=api_key_env, timeout=timeout)
     report = fidelity(spec)

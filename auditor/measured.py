@@ -103,8 +103,14 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
         if not c.low <= (c.value if c.value is not None else c.low) <= c.high:
             shown = "null" if c.value is None else f"{c.value:g}"
             raise MeasuredError(f"{where}: {at}: low {c.low:g}, value {shown}, high "
-                                f"{c.high:g}: not an interval around the value")
+                                f"{c.high:g}: not an interval around the value (a bisect "
+                                "writes low <= value <= high; was the file edited?)")
         contributions.append((c, f.flag(item, "above", at)))
+    flags = [flag for _, flag in contributions]
+    if None in flags and any(flag is not None for flag in flags):
+        raise MeasuredError(f"{where}: contributions[{flags.index(None)}].above: missing, "
+                            "while other contributions have it (a bisect writes it on "
+                            "every one, or on none in a report older than the field)")
     steps = []
     for i, step in enumerate(f.items(data, "steps")):
         at = f"steps[{i}]"
@@ -129,18 +135,19 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
     return Measured(source=source, host=LOCAL.get(host, host), id=f.text(data, "id"),
                     probe=str(data.get("probe") or "drift"),
                     symptom=str(data.get("symptom") or ""), threshold=threshold,
-                    contributions=tuple(_judged(contributions, threshold, culprit)),
+                    contributions=tuple(_judged([c for c, _ in contributions], flags,
+                                                threshold, culprit)),
                     steps=tuple(steps), culprit=culprit,
                     verdict=str(data.get("verdict") or ""),
-                    recorded=all(flag is not None for _, flag in contributions))
+                    recorded=None not in flags)
 
 
-def _judged(contributions: list[tuple[Contribution, bool | None]], threshold: float | None,
-            culprit: str | None) -> list[Contribution]:
-    """Each contribution with `above` set, from the recorded flag where there is one (the
-    module's docstring says how)."""
+def _judged(contributions: list[Contribution], flags: list[bool | None],
+            threshold: float | None, culprit: str | None) -> list[Contribution]:
+    """Each contribution with `above` set: the recorded flag in a report that has them
+    (all or none, checked), else the older report's rule (the module's docstring)."""
     out = []
-    for c, recorded in contributions:
+    for c, recorded in zip(contributions, flags):
         if recorded is not None:
             above = recorded and c.value is not None
         elif c.value is None:

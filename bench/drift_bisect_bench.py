@@ -55,7 +55,7 @@ def toy_states(tokens: int, output: int) -> dict[bool, tuple[list[float], list[f
         prefill(rule), len(prompt)
 
 
-def toy_measure(numbers: tuple, culprit: str):
+def toy_measure(numbers: tuple, noise: list[float], culprit: str):
     states, base, start = numbers
 
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
@@ -63,7 +63,7 @@ def toy_measure(numbers: tuple, culprit: str):
         prefill, decode = states[rule_on]
         ab = compare(prefill, base, start).points
         pd = [v for _, v in compare(prefill, decode, start).points]
-        return driftsearch.Measurement(tuple(v for _, v in ab), not exceeds(pd, noise_of(numbers)),
+        return driftsearch.Measurement(tuple(v for _, v in ab), not exceeds(pd, noise),
                                        tuple(pos for pos, _ in ab))
     return measure
 
@@ -82,12 +82,13 @@ def main() -> None:
     started = time.monotonic()
     rows = []
     numbers = toy_states(args.tokens, 64)
-    noise = driftsearch.Noise.of(noise_of(numbers))
+    replays = noise_of(numbers)                     # the noise is measured once, as a bisect does
+    noise = driftsearch.Noise.of(replays)
     for n in range(2, args.max_n + 1):
         names = [f"s{i + 1}" for i in range(n)]
         group, single = [], []
         for culprit in names:
-            found = driftsearch.search(names, toy_measure(numbers, culprit), noise)
+            found = driftsearch.search(names, toy_measure(numbers, replays, culprit), noise)
             assert found.culprits == [culprit], (n, culprit, found)
             group.append(found.restarts)
             single.append(driftsearch.one_at_a_time(names, culprit))

@@ -392,6 +392,10 @@ def test_bad_measured_files_exit_2_with_one_line_before_any_host(series, tmp_pat
         (written("interval.json", edited(contributions=[dict(good["contributions"][0],
                                                               low=2.0, high=1.0)])),
          "contributions[0]: low 2, value "),
+        (written("mixed.json", edited(contributions=[
+            {k: v for k, v in good["contributions"][0].items() if k != "above"},
+            *good["contributions"][1:]])),
+         "contributions[0].above: missing, while other contributions have it"),
         (written("above.json", edited(contributions=[dict(good["contributions"][0],
                                                            above="yes")])),
          'contributions[0].above: expected true or false, got "yes"'),

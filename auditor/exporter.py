@@ -15,7 +15,9 @@ A worker gathers its host (`gather(host) -> Gathered`: facts, and probe records 
 --probe); the report is evaluated from every host's latest gathering together
 (`evaluate(list of Gathered) -> report dict`), so it is the report `patchset audit` of all
 the hosts gives: pd-consistency pairs servers across hosts, a waiver is unused only when
-no host used it, and the summary and the exit code follow the one rule. Both are passed
+no host used it, and the summary and the exit code follow the one rule. Until every host
+has finished its first audit (reachable or not) nothing is published: /report.json answers
+503 naming the hosts still pending, and /metrics has the exporter's own series only. Both are passed
 in: the CLI builds them on the transports and probes it holds (patchset/cli/serve.py),
 tests and bench feed fixture facts, and this read-only package never imports the code
 that reaches hosts.
@@ -182,29 +184,38 @@ class Exporter:
 
     def publish(self, succeeded: str | None = None) -> None:
         """Evaluate every host's latest gathering as one audit and swap the report and its
-        families in (a scrape in between serves the previous ones, whole). `succeeded`:
-        the host whose audit just succeeded, whose deployed states are tracked."""
+        families in (a scrape in between serves the previous ones, whole). Nothing is
+        published until every host has finished its first audit: a report of some hosts
+        would call a waiver of the others unused and pair servers across half the hosts.
+        `succeeded`: the host whose audit just succeeded, for the failure log."""
         with self._rebuild_lock:
             with self._lock:
-                parts = [self.state[h].gathered for h in self.hosts if self.state[h].gathered]
+                parts = [self.state[h].gathered for h in self.hosts]
+            if any(p is None for p in parts):
+                return
             try:
-                data = self.evaluate(parts) if parts else None
+                data = self.evaluate(parts)
             except Exception as exc:  # noqa: BLE001 - keep serving the last good report
                 self._failure(succeeded or "report", "evaluation", exc)
                 return
             with self._lock:
-                if succeeded is not None and data is not None:
-                    entry = next((h for h in data["hosts"] if h["host"] == succeeded), None)
-                    if entry is not None:
-                        _track_deployed(self.state[succeeded], entry)
+                entries = {h["host"]: h for h in data["hosts"]}
+                for host, st in self.state.items():
+                    if st.failures == 0 and st.last_success is not None and host in entries:
+                        _track_deployed(st, entries[host])
                 success = {h: st.last_success for h, st in self.state.items()
                            if st.last_success is not None}
                 deployed = {(h, sid): dict(states) for h, st in self.state.items()
                             for sid, (_, states) in st.deployed.items()}
-            families = list(metrics.report_families(data, success, deployed)) if data else []
-            body = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode() if data else b""
+            families = list(metrics.report_families(data, success, deployed))
+            body = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
             with self._lock:
                 self._report, self._report_json, self._families = data, body, families
+
+    def pending(self) -> list[str]:
+        """The hosts whose first audit has not finished (no report until it has)."""
+        with self._lock:
+            return [h for h in self.hosts if self.state[h].gathered is None]
 
     def _work(self, host: str) -> None:
         while not self._stop.is_set():
@@ -305,7 +316,9 @@ class Exporter:
                     if body:
                         self._send(200, body, "application/json")
                     else:
-                        self._send(503, b'{"error": "no audit has finished yet"}\n',
+                        doc = {"error": "waiting for the first audit of every host",
+                               "pending": exporter.pending()}
+                        self._send(503, (json.dumps(doc) + "\n").encode(),
                                    "application/json")
                 elif path == "/healthz":
                     code, doc = exporter.health()

@@ -299,6 +299,30 @@ def test_merged_report_of_several_hosts_matches_the_schema(series) -> None:
     assert [f["status"] for f in data["findings"][:3]] == ["fail", "fail", "warn"]
 
 
+def test_nothing_is_published_until_every_host_has_had_its_first_audit(series) -> None:
+    """A report of gpu1 alone would be a different audit (pd-consistency over half the
+    servers, gpu2's waivers unused): until gpu2's first audit ends, /report.json is 503
+    naming it and /metrics has the exporter's own series only, never a patch state."""
+    ex = exporter.Exporter(["gpu1", "gpu2"], lambda h: fake_gathered(series, h),
+                           evaluator(series), interval=60)
+    address, port = ex.serve("127.0.0.1", 0)
+    base = exporter.base_url(address, port)
+    try:
+        ex.audit_once("gpu1")
+        code, body = get(base + "/report.json")
+        assert code == 503 and json.loads(body)["pending"] == ["gpu2"]
+        got = samples(ex.metrics_text()[0].decode())
+        assert "patchset_patch_state" not in got and got["patchset_audits_total"]
+        ex.audit_once("gpu2")
+        code, body = get(base + "/report.json")
+        assert code == 200 and [h["host"] for h in json.loads(body)["hosts"]] == \
+            ["gpu1", "gpu2"]
+        states = samples(ex.metrics_text()[0].decode())["patchset_patch_state"]
+        assert {lb["host"] for lb, _ in states} == {"gpu1", "gpu2"}
+    finally:
+        ex.stop()
+
+
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     return http("GET", url, timeout=timeout)
 

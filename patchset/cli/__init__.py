@@ -10,7 +10,7 @@ Start-up is most of a command's time (bench/RESULTS.md, section cli), so:
 - libraries (rich, yaml, the agent, deploy/, isolate/) are imported where they are used.
 """
 
-from .app import app, main
+from .app import app, main, run
 # Importing registers the commands, in the order --help lists them.
 from . import queue  # noqa: E402,F401
 from . import serving  # noqa: E402,F401
@@ -21,4 +21,4 @@ from . import bisect  # noqa: E402,F401
 from . import serve  # noqa: E402,F401
 from .app import DeployView  # noqa: E402
 
-__all__ = ["app", "main", "DeployView"]
+__all__ = ["app", "main", "run", "DeployView"]

@@ -55,8 +55,9 @@ Evaluate = Callable[[list[Gathered]], dict]
 
 
 def parse_duration(text: str, flag: str = "--interval") -> float:
-    """`300`, `30s`, `5m`, `1h`, `500ms` -> seconds, within MIN_INTERVAL..MAX_INTERVAL."""
-    found = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", text.strip())
+    """`300`, `30s`, `5m`, `1h`, `500ms` -> seconds, within MIN_INTERVAL..MAX_INTERVAL.
+    ASCII digits only: `\\d` and float() take `５m` and `٥m` too."""
+    found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?", text.strip())
     seconds = float(found.group(1)) * UNITS[found.group(2) or "s"] if found else None
     if seconds is None or not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
         raise UsageError(f"{flag} {text!r}: use a duration like 30s, 5m or 1h "
@@ -72,8 +73,9 @@ def base_url(address: str, port: int) -> str:
 
 def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
     """`ADDRESS:PORT` (`[::1]:9808` for IPv6). Only a loopback address unless `public`:
-    the report names hosts, paths and patches to whoever can connect."""
-    found = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^\s:\[\]]+):(\d{1,5})", text)
+    the report names hosts, paths and patches to whoever can connect. The port in ASCII
+    digits (int() would read `٩٨٠٨` as 9808)."""
+    found = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})|([^\s:\[\]]+):([0-9]{1,5})", text)
     if not found:
         raise UsageError(f"--listen {text!r}: use ADDRESS:PORT, e.g. {DEFAULT_LISTEN}")
     address = found.group(1) or found.group(3)

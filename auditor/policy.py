@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from patchset import factnames, inputfile, yamlsrc
-from patchset.errors import Exit, PatchsetError
+from patchset.errors import Exit, ManifestError, PatchsetError
 from patchset.model import PATHS, REQUIRE_OPS, Requirement
 
 from .model import SEVERITIES, STATES
@@ -115,10 +115,14 @@ DTYPE_BITS = {"F64": 64, "I64": 64, "U64": 64, "C64": 64, "F32": 32, "I32": 32, 
 def _load(path: Path) -> dict:
     """Through the same bounded reader and positioned YAML loader as the manifest."""
     text = inputfile.read_text(path, inputfile.DATA_LIMIT, "policy file")
-    data = yamlsrc.load(text, str(path)).data
-    if not isinstance(data, dict) or data.get("version") != 1:
+    doc = yamlsrc.load(text, str(path))
+    if not isinstance(doc.data, dict):
         raise AuditDataError(f"{path}: version: must be 1")
-    return data
+    try:
+        doc.version(1, None, "must be 1")
+    except ManifestError as exc:
+        raise AuditDataError(str(exc)) from None
+    return doc.data
 
 
 def _req(path: Path, where: str, item: Any) -> Requirement:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from patchset import inputfile, yamlsrc
+from patchset.agent.redact import redact_text
 from patchset.errors import UsageError
 from patchset.validate import control_char, describe
 
@@ -62,6 +63,7 @@ MISSING = {"id": "the finding id, with its sub-tag", "host": 'the host, exact or
 KEYS = tuple(MISSING)                     # every key of a waiver, each one required
 Clock = Callable[[], datetime.date]       # gives today's date (tests inject one)
 MAX_TEXT = {"host": 255, "subject": 1000, "justification": 2000, "who": 200}
+SHOWN = 80                                # the most of a bad value an error message quotes
 
 # The sub-tags each check reports (the `sub=` of its findings, auditor/checks/*.py;
 # tests/test_waivers.py checks this table against their source). Those the policy data
@@ -205,21 +207,25 @@ def parse(doc: yamlsrc.Located, ids: dict[str, tuple[str, ...]]) -> WaiverFile:
     for key in data:
         if key not in TOP_KEYS:
             raise doc.error((key,), f"unknown key (known: {', '.join(TOP_KEYS)})")
-    if data.get("version") != 1:
-        raise doc.error(("version",), "must be 1")
+    doc.version(1, None, "must be 1")
     items = data.get("waivers")
     if not isinstance(items, list):
         raise doc.error(("waivers",), "a list of waivers (it may be empty: `waivers: []`)")
-    out: list[Waiver] = []
+    seen: dict[tuple[str, str, str], Waiver] = {}     # a 1 MiB file holds ~7000 waivers
     for i, item in enumerate(items):
         waiver = _waiver(doc, ("waivers", i), item, ids)
-        twin = next((w for w in out if (w.id, w.host, w.subject) ==
-                     (waiver.id, waiver.host, waiver.subject)), None)
-        if twin is not None:
+        twin = seen.setdefault((waiver.id, waiver.host, waiver.subject), waiver)
+        if twin is not waiver:
             raise doc.error(("waivers", i), f"the same id, host and subject as the waiver "
                             f"at line {twin.line}")
-        out.append(waiver)
-    return WaiverFile(doc.file, tuple(out))
+    return WaiverFile(doc.file, tuple(seen.values()))
+
+
+def _shown(value: Any) -> str:
+    """A bad value as an error message quotes it: redacted (a token pasted into the wrong
+    field must not reach stderr or a CI log) and cut to SHOWN characters."""
+    text = redact_text(repr(value))
+    return text if len(text) <= SHOWN else text[:SHOWN - 3] + "..."
 
 
 def _waiver(doc: yamlsrc.Located, at: tuple, item: Any, ids: dict) -> Waiver:
@@ -260,13 +266,15 @@ def _id(doc: yamlsrc.Located, at: tuple, value: Any, ids: dict[str, tuple[str, .
         raise doc.error(at, f"must be a finding id, not {type(value).__name__}")
     m = ID.fullmatch(value)
     if m is None:
-        raise doc.error(at, f"{value!r} is not a finding id like checkpoint-dtypes[narrowed]")
+        raise doc.error(at, f"{_shown(value)} is not a finding id like "
+                        "checkpoint-dtypes[narrowed]")
     base, sub = m.group(1), m.group(2)
     if base not in ids:
-        raise doc.error(at, f"{value!r}: no check {base!r} (known: {', '.join(sorted(ids))})")
+        raise doc.error(at, f"{_shown(value)}: no check {_shown(base)} (known: "
+                        f"{', '.join(sorted(ids))})")
     if sub is not None and sub not in ids[base]:
-        raise doc.error(at, f"{value!r}: {base} reports no sub-tag {sub!r} (known: "
-                        f"{', '.join(ids[base]) or 'none'})")
+        raise doc.error(at, f"{_shown(value)}: {base} reports no sub-tag {_shown(sub)} "
+                        f"(known: {', '.join(ids[base]) or 'none'})")
     return value
 
 
@@ -280,7 +288,7 @@ def _date(doc: yamlsrc.Located, at: tuple, value: Any) -> datetime.date:
             return datetime.date.fromisoformat(value)
         except ValueError:
             pass
-    raise doc.error(at, f"{value!r} is not a date (YYYY-MM-DD)")
+    raise doc.error(at, f"{_shown(value)} is not a date (YYYY-MM-DD)")
 
 
 # ---------------------------------------------------------------- applying

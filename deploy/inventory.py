@@ -95,8 +95,7 @@ def load(path: str | Path | None = None) -> Inventory:
     text = inputfile.read_text(file, inputfile.INVENTORY_LIMIT, "inventory")
     doc = yamlsrc.load(text, str(file))
     data = _mapping(doc, (), doc.data, {"version": False, "default": False, "hosts": True})
-    if data.get("version", 1) != 1:
-        raise doc.error(("version",), "unsupported inventory version (this patchset reads 1)")
+    doc.version(1, 1, "unsupported inventory version (this patchset reads 1)")
     hosts_raw = _mapping(doc, ("hosts",), data["hosts"], None)
     hosts = {name: _host(doc, name, value) for name, value in hosts_raw.items()}
     default = data.get("default")

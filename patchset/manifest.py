@@ -49,10 +49,9 @@ def load_series(manifest: str | Path) -> Series:
     text = inputfile.read_text(path, inputfile.MANIFEST_LIMIT, "manifest")
     doc = yamlsrc.load(text, str(path))
     _keys(doc, (), doc.data, TOP_KEYS)
-    version = doc.data.get("version", MANIFEST_VERSION)
-    if version != MANIFEST_VERSION:
-        raise doc.error(("version",), f"unsupported manifest version {version!r} "
-                        f"(this patchset reads version {MANIFEST_VERSION})")
+    doc.version(MANIFEST_VERSION, MANIFEST_VERSION, f"unsupported manifest version "
+                f"{doc.data.get('version')!r} (this patchset reads version "
+                f"{MANIFEST_VERSION})")
     upstream = _upstream(doc)
     pinrules.remember(doc, upstream)
     patches = _patches(doc, path.parent, upstream.git_prefix)

@@ -33,6 +33,16 @@ class Located:
     def error(self, path: Path_, message: str) -> ManifestError:
         return ManifestError(self.file, self.line(path), field_name(path), message)
 
+    def version(self, expected: int, default: int | None, message: str) -> int:
+        """The top-level `version`, which must be the integer `expected` (`default` when
+        absent; None: required). Compared by type too: YAML's `true` and `1.0` equal 1
+        in Python, and a file that says either was not written for this reader."""
+        data = self.data if isinstance(self.data, dict) else {}
+        value = data.get("version", default)
+        if type(value) is not int or value != expected:
+            raise self.error(("version",), message)
+        return value
+
 
 def field_name(path: Path_) -> str:
     """`("series", 2, "tier")` -> `series[2].tier`."""

@@ -91,6 +91,14 @@ def test_unknown_keys_and_bad_default(tmp_path: Path) -> None:
         load(write(tmp_path, "hosts:\n  'g;x': {}\n"))
 
 
+@pytest.mark.parametrize("version", ["true", "1.0", "'1'", "2"])
+def test_a_version_other_than_the_integer_1_is_refused(tmp_path: Path, version: str) -> None:
+    """`true` and `1.0` equal 1 in Python; a file that says so was not written for us."""
+    with pytest.raises(ManifestError, match=r"hosts\.yaml:1: version: unsupported inventory "
+                                            r"version"):
+        load(write(tmp_path, f"version: {version}\nhosts:\n  g: {{}}\n"))
+
+
 @pytest.mark.parametrize("spec", ["root@h;id", "a$(id)@h", "h:22;x", "bad host", "h:99999",
                                   "h:`id`", "@h", "u@"])
 def test_host_specs_rejected(spec: str) -> None:

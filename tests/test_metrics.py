@@ -24,6 +24,7 @@ from auditor import api, exporter, metrics, report
 from auditor.model import HostFacts, ProbeResult
 from hostutil import cli
 from isolate import drift
+from patchset.errors import UsageError
 from test_standin import http
 from test_audit_hosts import D, P, SEED_STATES
 from test_audit_rank import K, ORDER, state_run
@@ -402,6 +403,21 @@ def test_serve_refuses_a_public_address_without_the_flag_and_bad_intervals(capsy
     for bad in ("9808", "host:9808", "127.0.0.1:0", "127.0.0.1:99999"):
         with pytest.raises(Exception, match="--listen"):
             exporter.parse_listen(bad)
+
+
+@pytest.mark.parametrize("bad", ["\uff15m", "\u0665m", "1\u0660s", "0", "-5m", "nan", "inf",
+                                 "1e309", "5 m", "5M", ".5m", "8d"])
+def test_an_interval_is_ascii_digits_and_a_unit_within_bounds(bad: str) -> None:
+    """`\\d` and float() read fullwidth and Arabic-Indic digits (`\uff15m` was 5 minutes)."""
+    with pytest.raises(UsageError, match=re.escape(f"--interval {bad!r}: use a duration")):
+        exporter.parse_duration(bad)
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:\u0669\u0668\u0660\u0668", "[::1]:\uff11",
+                                 "localhost:0", "host:99999", "127.0.0.1:", ":9808"])
+def test_a_listen_port_is_ascii_digits(bad: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(f"--listen {bad!r}")):
+        exporter.parse_listen(bad, public=True)
 
 
 # ---------------------------------------------------------------- monitoring/ and systemd/

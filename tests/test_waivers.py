@@ -277,6 +277,18 @@ def test_every_format_shows_the_waiver_and_its_justification(series) -> None:
         f"waived by Jane Operator <jane@example.com> until 2027-06-30 (was warn; {EXAMPLE}:19)")
 
 
+def test_junit_stays_well_formed_whatever_a_justification_holds(series,
+                                                                tmp_path: Path) -> None:
+    """U+FFFE and U+FFFF pass the loader (not control characters) but XML 1.0 cannot hold
+    them: written as escapes, the file parses."""
+    path = tmp_path / "w.yaml"
+    path.write_text(waiver_text(entry(subject="*", justification="odd \ufffe\uffff text")))
+    _, data = audit(series, healthy_seed(), load_file(path))
+    case = ET.fromstring(render(data, "junit")).find(
+        f"testsuite/testcase[@classname='{NARROWED}']")
+    assert case.find("skipped").get("message") == "waived: odd \\ufffe\\uffff text"
+
+
 def _no_server_info(desc: dict) -> dict:
     for server in desc["servers"]:
         server["server_info"] = None
@@ -367,6 +379,8 @@ CASES = [
     ("version: 1\nwaivers:\n  - 3\n", 3, "waivers[0]",
      "a mapping with id, host, subject, justification, who, expires"),
     ("version: 2\nwaivers: []\n", 1, "version", "must be 1"),
+    ("version: true\nwaivers: []\n", 1, "version", "must be 1"),     # True == 1 in Python
+    ("version: 1.0\nwaivers: []\n", 1, "version", "must be 1"),
     ("waivers: []\n", 1, "version", "must be 1"),
     ("version: 1\n", 1, "waivers", "a list of waivers (it may be empty: `waivers: []`)"),
     ("version: 1\nwaivers: []\nowner: me\n", 3, "owner", "unknown key (known: version, "
@@ -387,6 +401,41 @@ def test_bad_waivers_are_one_line_errors_naming_file_line_field(tmp_path: Path, 
     assert (exc.value.file, exc.value.line, exc.value.field) == (str(path), line, field)
     assert exc.value.message.startswith(message)
     assert "\n" not in str(exc.value)
+
+
+SECRET = "hf_" + "abcdefghijklmnopqrstuvwxyz0123"
+
+
+@pytest.mark.parametrize("changes,field,message", [
+    ({"expires": SECRET}, "expires", "'<redacted>' is not a date (YYYY-MM-DD)"),
+    ({"expires": f"Bearer {SECRET}"}, "expires", "'Bearer <redacted>' is not a date"),
+    ({"id": "sk-" + "abcdefghijklmnopqrstuvwx1234"}, "id", "'<redacted>': no check '<redacted>'"),
+    ({"expires": "x" * 5000}, "expires", "'" + "x" * 76 + "... is not a date"),
+])
+def test_a_bad_value_is_quoted_redacted_and_cut(tmp_path: Path, changes: dict, field: str,
+                                                message: str) -> None:
+    """A token pasted into the wrong field is not echoed to stderr (or a CI log), and a
+    huge value is not either."""
+    path = tmp_path / "waivers.yaml"
+    path.write_text(waiver_text(entry(**changes)))
+    with pytest.raises(ManifestError) as exc:
+        load_file(path)
+    assert exc.value.field == f"waivers[0].{field}" and exc.value.message.startswith(message)
+    assert SECRET[3:] not in str(exc.value) and len(str(exc.value)) < 400
+
+
+def test_a_duplicate_at_the_end_of_a_full_file_names_both_lines(tmp_path: Path) -> None:
+    """~7600 waivers (about the 1 MiB limit): the last repeats the one before it. The
+    duplicate check is a dictionary now (it compared each waiver with all before it: ~5 s
+    for this file; time is not asserted here)."""
+    line = ("- {id: '%s', host: gpu%d, subject: '*', justification: j, who: w, "
+            "expires: 2027-06-30}\n")
+    path = tmp_path / "waivers.yaml"
+    path.write_text("version: 1\nwaivers:\n" + "".join(line % (NARROWED, i)
+                                                       for i in (*range(7600), 7599)))
+    with pytest.raises(ManifestError, match=r":7603: waivers\[7600\]: the same id, host "
+                       r"and subject as the waiver at line 7602"):
+        load_file(path)
 
 
 def test_an_empty_list_is_no_waivers(tmp_path: Path) -> None:

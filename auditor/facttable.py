@@ -176,7 +176,7 @@ def _visible(rows: list[dict], spec: str, order: Any) -> tuple[list[dict] | None
     for item in (s.strip() for s in spec.split(",") if s.strip()):
         if item.startswith(("GPU-", "MIG-")):
             match = [r for r in rows if r["uuid"].startswith(item)]
-        elif item.isdigit():
+        elif item.isascii() and item.isdigit():     # int() refuses "²"
             match = [r for r in rows if r["index"] == int(item)]
         else:
             return None, f"CUDA_VISIBLE_DEVICES={spec!r} is not a list of indices or UUIDs"

@@ -309,9 +309,11 @@ def _bounded(reply: http.client.HTTPResponse, limit: int, where: str) -> bytes:
     """The whole body, or EndpointError past `limit` (a declared length over it fails
     before anything is read)."""
     declared = reply.getheader("Content-Length") or ""
+    # latin-1 decoded: '²' passes isdigit and int() refuses it
+    over = declared.isascii() and declared.isdigit() and int(declared) > limit
     chunks: list[bytes] = []
     total = 0
-    while not (declared.isdigit() and int(declared) > limit) and total <= limit:
+    while not over and total <= limit:
         chunk = reply.read(min(_CHUNK, limit + 1 - total))
         if not chunk:
             return b"".join(chunks)

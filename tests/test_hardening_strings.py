@@ -304,3 +304,30 @@ def test_a_summary_is_printed_as_written_never_as_markup_or_emoji(world: World) 
         world.manifest.write_bytes(original)
     assert code == 0, err
     assert text in out
+
+
+# ---------------------------------------------------------------- digits from hosts
+
+@pytest.mark.parametrize("text", ["²", "٥", "５"])
+def test_a_non_ascii_digit_from_a_host_is_not_a_number(text: str) -> None:
+    """str.isdigit() is true for '²' (a latin-1 header byte) and int() then raises, or for
+    '٥', which int() reads as 5: host data is a number only in ASCII digits."""
+    import io
+
+    from auditor.facttable import _visible
+    from deploy.tunnel import EndpointError, _bounded
+    from patchset.agent.facts.systemd import main_started
+    from patchset.agent.staleness import epoch
+
+    class Reply(io.BytesIO):
+        def getheader(self, name: str) -> str:
+            return text
+
+    assert _bounded(Reply(b"{}"), 10, "srv") == b"{}"          # read, bounded, not a crash
+    with pytest.raises(EndpointError):
+        _bounded(Reply(b"x" * 11), 10, "srv")
+    rows = [{"index": 5, "uuid": "GPU-a"}]
+    picked, why = _visible(rows, text, None)
+    assert picked is None and "not a list of indices" in why
+    assert main_started({"MainPID": 7, "ExecMainStartTimestampMonotonic": text}, 0, 0) is None
+    assert epoch(f"2026-12-01T14:00:00.{text}Z") is None

@@ -53,7 +53,7 @@ def epoch(stamp: Any) -> float | None:
     if not isinstance(stamp, str) or not stamp.endswith("Z"):
         return None
     whole, dot, frac = stamp[:-1].partition(".")
-    if dot and not frac.isdigit():
+    if dot and not (frac.isascii() and frac.isdigit()):
         return None
     try:
         seconds = float(calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")))

@@ -80,8 +80,8 @@ def parse_show(text: str) -> dict[str, Any]:
     props["environment"] = parse_assignments(props.get("Environment", ""))
     props["environment_files"] = files
     props["exec_argv"] = _exec_argv(props.get("ExecStart", ""))
-    props["MainPID"] = int(props.get("MainPID") or 0) if str(props.get("MainPID") or "0") \
-        .isdigit() else 0
+    pid = str(props.get("MainPID") or "0")
+    props["MainPID"] = int(pid) if pid.isascii() and pid.isdigit() else 0
     return props
 
 
@@ -89,7 +89,8 @@ def main_started(props: dict[str, Any], now: float, monotonic: float) -> float |
     """When the unit's main process started (epoch seconds), from systemd's
     ExecMainStartTimestampMonotonic (CLOCK_MONOTONIC microseconds, Python's clock too)."""
     value = str(props.get("ExecMainStartTimestampMonotonic") or "")
-    if not props.get("MainPID") or not value.isdigit() or int(value) == 0:
+    if not props.get("MainPID") or not (value.isascii() and value.isdigit()) \
+            or int(value) == 0:
         return None
     return now - (monotonic - int(value) / 1e6)
 

@@ -50,10 +50,15 @@ def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
 
     def fresh(layout: str = "git") -> Path:
         """A new tree of the pin; the ones before it (timed already) are removed. Synced:
-        the kernel writing back 60 MB of checkout must not compete with the timed run."""
+        the kernel writing back 60 MB of checkout must not compete with the timed run.
+        Settled as a tree that has been there a while is: the clone's index is as old as
+        the clone's last files (the same second), so the first command to write the index
+        after it re-hashes every file of that second (git's racily-clean check: 50 - 130
+        ms of 60 MB here, paid once per clone by whoever writes first, `git status`
+        included); `settle` pays it, untimed."""
         while made:
             shutil.rmtree(made.pop(), ignore_errors=True)
-        made.append(materialize(base, scratch / f"t{next(counter)}", layout=layout))
+        made.append(settle(materialize(base, scratch / f"t{next(counter)}", layout=layout)))
         os.sync()
         return made[-1]
 
@@ -103,6 +108,17 @@ def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
     add_note(process, f"{process.median / quilt.median:.2f}x quilt; "
              + verdict(process.median <= quilt.median, "whole process <= quilt push -a"))
     return rows + [process, quilt]
+
+
+def settle(tree: Path) -> Path:
+    """`tree`'s index written once in a later second than its files (a refresh after the
+    second the clone ended in), so no entry is racily clean: the index a tree has once
+    any git command has written it after the clone."""
+    if (tree / ".git").is_dir():
+        index = tree / ".git" / "index"
+        time.sleep(max(0.0, int(index.stat().st_mtime) + 1.05 - time.time()))
+        run(["git", "update-index", "-q", "--really-refresh"], tree)
+    return tree
 
 
 def write_mbox(series: Any, path: Path) -> Path:

@@ -94,6 +94,8 @@ def SecondsOpt(default: Optional[float], *flags: str, help: str):  # noqa: N802 
 SigmasOpt = typer.Option(3.0, "--sigmas", callback=within(0.5, 10.0, "a number of sigmas"),
                          help="drift: how many standard errors above the noise make a drift "
                          "(or a bisect's contribution) real")
+OutputTokensOpt = typer.Option(256, "--output-tokens", min=1, max=32768,
+                               help="drift: tokens generated per sequence")
 
 
 LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another patchset "

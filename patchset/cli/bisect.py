@@ -13,8 +13,8 @@ import typer
 
 from ..errors import Exit
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, DeployView, HealthTimeoutOpt, InventoryOpt,
-                  JsonOpt, ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TargetOpt, app, emit_json, esc,
-                  load, output_file, resolver_for, say, term)
+                  JsonOpt, OutputTokensOpt, ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TargetOpt,
+                  app, emit_json, esc, load, output_file, resolver_for, say, term)
 
 
 @app.command()
@@ -25,8 +25,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                                "the drift conversations' [8k,16k,32k]"),
            repeats: int = typer.Option(3, "--repeats", min=3, max=50, help="drift: replays "
                                        "of the starting state (their spread is the noise)"),
-           output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=32768,
-                                             help="drift: tokens generated per sequence"),
+           output_tokens: int = OutputTokensOpt,
            sigmas: float = SigmasOpt,
            symptom: str = typer.Option("context-loss", "--symptom", help="which ranking "
                                        "orders the suspects"),

@@ -17,6 +17,7 @@ from .app import (
     InventoryOpt,
     JsonOpt,
     LockWaitOpt,
+    OutputTokensOpt,
     RichProgress,
     SecondsOpt,
     SeriesOpt,
@@ -52,8 +53,7 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
                                                  "between the two server states"),
           repeats: int = typer.Option(3, "--repeats", min=3, max=50, help="drift: replays "
                                       "of each sequence (their spread is the noise)"),
-          output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=32768,
-                                            help="drift: tokens generated per sequence"),
+          output_tokens: int = OutputTokensOpt,
           sigmas: float = SigmasOpt,
           fmt: str = typer.Option("table", "--format", help="table | json | html"),
           inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:

@@ -15,10 +15,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# C0 and C1 controls, DEL, and the Unicode line/paragraph separators: none of them may
-# travel from input into an env file, a unit, a command line or a message.
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_CONTROL_NO_TAB = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# C0 and C1 controls, DEL, the Unicode line/paragraph separators and the bidirectional
+# controls (the "Trojan Source" set, CVE-2021-42574: text that reads one way and is stored
+# another): none of them may travel from input into an env file, a unit, a command line,
+# a report or a message.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
+_CONTROL_NO_TAB = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
 
 
 @dataclass(frozen=True)

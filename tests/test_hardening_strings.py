@@ -80,6 +80,8 @@ MANIFEST_CASES = [
     ("summary-line-separator", entry(0, summary="a\u2028b"), "series[0].summary",
      "\\u2028"),
     ("summary-multiline", entry(0, summary="one\ntwo\n"), "series[0].summary", "a newline"),
+    ("summary-bidi", entry(0, summary="safe \u2067evil\u2069"), "series[0].summary",
+     "\\u2067"),
     ("depends-newline", entry(4, depends=["chat-a\n"]), "series[4].depends[0]", "a newline"),
     ("conflicts-nul", entry(0, conflicts=["idx-c\x00"]), "series[0].conflicts[0]",
      "NUL byte"),
@@ -249,7 +251,7 @@ def test_command_line_strings_refused(world: World, argv: tuple, fragment: str) 
 
 
 def test_printable_escapes_every_control_character() -> None:
-    hostile = "".join(chr(c) for c in range(0x20)) + "\x7f\x85\x9b\u2028\u2029"
+    hostile = "".join(chr(c) for c in range(0x20)) + "\x7f\x85\x9b\u2028\u2029\u202e\u2066"
     shown = validate.printable(hostile)
     assert validate.control_char(shown) is None
     assert "\\x1b" in shown and "\\n" in shown and "\\r" in shown and "\\x00" in shown

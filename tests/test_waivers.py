@@ -374,6 +374,8 @@ CASES = [
     (waiver_text(entry(who=7)), 7, "waivers[0].who", "must be text, not int"),
     (waiver_text(entry(justification="line one\nline two")), 6, "waivers[0].justification",
      "contains a newline (one line of text; fold a long one with >-)"),
+    (waiver_text(entry(justification="ok \u202e(deretsiger ton)")), 6,
+     "waivers[0].justification", "contains control character \\u202e"),   # Trojan Source
     (waiver_text(entry(), entry(justification="again")), 9, "waivers[1]",
      "the same id, host and subject as the waiver at line 3"),
     ("version: 1\nwaivers:\n  - 3\n", 3, "waivers[0]",

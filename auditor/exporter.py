@@ -251,6 +251,10 @@ class Exporter:
                                            deployed={})
                     for h, st in self.state.items()}
         fam = metrics.Families()
+        if not published:       # a host still in its first audit holds the report back:
+            for h, st in live.items():      # the others' successes are still shown
+                if st.last_success is not None:
+                    metrics.last_success_gauge(fam, h, st.last_success)
         fam.gauge("audit_interval_seconds", "seconds between the audits of a host "
                   "(--interval)", (), (), self.interval)
         fam.gauge("exporter_start_time_seconds", "when `patchset serve` started", (), (),

@@ -126,6 +126,13 @@ def report_families(data: dict, last_success: dict[str, float] | None = None,
     return fam
 
 
+def last_success_gauge(fam: Families, host: str, when: float) -> None:
+    """The series PatchsetNoSuccessfulAudit watches: from a report, or from `serve`'s
+    schedule while no report is published yet."""
+    fam.gauge("last_success_timestamp_seconds", "when the host was last audited "
+              "successfully", ("host",), (host,), when)
+
+
 def _host(fam: Families, host: dict, findings: list[dict], names: list[str],
           generated: float | None, last_success: dict[str, float] | None,
           deployed: dict[tuple[str, str], dict[str, str]] | None) -> None:
@@ -140,8 +147,7 @@ def _host(fam: Families, host: dict, findings: list[dict], names: list[str],
     when = (last_success or {}).get(h) if last_success is not None else \
         (generated if host_ok(host) else None)
     if when is not None:
-        fam.gauge("last_success_timestamp_seconds", "when the host was last audited "
-                  "successfully", H, (h,), when)
+        last_success_gauge(fam, h, when)
     servers = _servers(host)
     for s in servers:
         if s.get("started") is not None:

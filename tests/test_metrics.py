@@ -314,6 +314,9 @@ def test_nothing_is_published_until_every_host_has_had_its_first_audit(series) -
         assert code == 503 and json.loads(body)["pending"] == ["gpu2"]
         got = samples(ex.metrics_text()[0].decode())
         assert "patchset_patch_state" not in got and got["patchset_audits_total"]
+        # PatchsetNoSuccessfulAudit is to name gpu2 alone, should its first audit hang
+        assert [lb["host"] for lb, _ in got["patchset_last_success_timestamp_seconds"]] \
+            == ["gpu1"]
         ex.audit_once("gpu2")
         code, body = get(base + "/report.json")
         assert code == 200 and [h["host"] for h in json.loads(body)["hosts"]] == \

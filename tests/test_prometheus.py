@@ -58,13 +58,15 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    """check()'s first truthy answer, polled; fails naming `what` and the last answer."""
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0,
+             until: Callable[[Any], Any] = bool) -> Any:
+    """check()'s first answer that `until` accepts (truthy by default), polled; fails
+    naming `what` and the last answer."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = check()
-        if last:
+        if until(last):
             return last
         time.sleep(0.5)
     pytest.fail(f"timed out waiting for {what}; last: {last!r}")
@@ -249,8 +251,10 @@ def test_stale_process_alert_after_an_apply_without_restart(prometheus, audit_en
             prometheus.alerts("PatchsetStaleProcess"))
         assert {a["host"] for a in firing} == {host}
         assert {a["severity"] for a in firing} == {"warning"}
-        # judged by what the processes loaded: the states did not change
-        assert prometheus.states() == EXPECTED
+        # judged by what the processes loaded: the states did not change (waited for, as
+        # a fact read late under load shows `unknown` for one audit)
+        wait_for("the states as deployed", prometheus.states, 30,
+                 until=lambda got: got == EXPECTED)
     finally:
         code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp",
                            host, "--series", str(audit_env["series"]), "--restart")
@@ -266,9 +270,9 @@ def test_state_change_after_a_redeploy(prometheus, audit_env, capsys) -> None:
     deploy(audit_env, capsys, serving=SERVING,
            roles={"decode": {"env": {"MMA_FLASHMLA": "0"}}})
     try:
-        wait_for("mma-splitk-decode gated-off in decode", lambda: prometheus.states().get(
-            (D, "mma-splitk-decode")) == "gated-off")
-        assert prometheus.states() == {**EXPECTED, (D, "mma-splitk-decode"): "gated-off"}
+        wait_for("mma-splitk-decode gated-off in decode, the rest as deployed",
+                 prometheus.states,
+                 until=lambda got: got == {**EXPECTED, (D, "mma-splitk-decode"): "gated-off"})
         deployed = wait_for("the new process's record", lambda: [
             r["metric"]["state"] for r in prometheus.query(
                 f'patchset_patch_deployed_state{{server="{D}", patch="mma-splitk-decode"}}')
@@ -292,10 +296,14 @@ def test_state_changed_alert_after_a_hand_edit(prometheus, audit_env) -> None:
         "mhc-bf16"].files[0].path
     on_host(host, f"echo '# hand edit' >> /opt/sglang/{path}")
     try:
-        firing = wait_for("PatchsetPatchStateChanged", lambda: sorted(
-            (a["server"], a["patch"], a["state"])
-            for a in prometheus.alerts("PatchsetPatchStateChanged")))
-        assert firing == [(D, "mhc-bf16", "drifted"), (P, "mhc-bf16", "drifted")]
+        # Rules run with `for: 0s` here, so a fact read late in one audit (a slow host under
+        # CI's load: `unknown`) would fire too: wait for the set the hand edit gives.
+        drifted = [(D, "mhc-bf16", "drifted"), (P, "mhc-bf16", "drifted")]
+        firing = wait_for("PatchsetPatchStateChanged for mhc-bf16 on both servers", lambda:
+                          sorted((a["server"], a["patch"], a["state"])
+                                 for a in prometheus.alerts("PatchsetPatchStateChanged")),
+                          until=lambda got: got == drifted)
+        assert firing == drifted
         assert prometheus.query('patchset_check_findings{check="tree-drift[hand-edit]", '
                                 'status="fail"} == 1')
         assert prometheus.alerts("PatchsetCheckFailing")

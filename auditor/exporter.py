@@ -17,10 +17,10 @@ A worker gathers its host (`gather(host) -> Gathered`: facts, and probe records 
 the hosts gives: pd-consistency pairs servers across hosts, a waiver is unused only when
 no host used it, and the summary and the exit code follow the one rule. Until every host
 has finished its first audit (reachable or not) nothing is published: /report.json answers
-503 naming the hosts still pending, and /metrics has the exporter's own series only. Both are passed
-in: the CLI builds them on the transports and probes it holds (patchset/cli/serve.py),
-tests and bench feed fixture facts, and this read-only package never imports the code
-that reaches hosts.
+503 naming the hosts still pending, and /metrics has the exporter's own series (and the
+last success of the hosts audited). Both are passed in: the CLI builds them on the
+transports and probes it holds (patchset/cli/serve.py), tests and bench feed fixture facts,
+and this read-only package never imports the code that reaches hosts.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def parse_listen(text: str, public: bool = False) -> tuple[str, int]:
     """`ADDRESS:PORT` (`[::1]:9808` for IPv6). Only a loopback address unless `public`:
     the report names hosts, paths and patches to whoever can connect. The port in ASCII
     digits (int() would read `٩٨٠٨` as 9808)."""
-    found = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})|([^\s:\[\]]+):([0-9]{1,5})", text)
+    found = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})|([^\s:\[\]]+):([0-9]{1,5})",
+                         text)
     if not found:
         raise UsageError(f"--listen {text!r}: use ADDRESS:PORT, e.g. {DEFAULT_LISTEN}")
     address = found.group(1) or found.group(3)

@@ -116,10 +116,8 @@ def _load(path: Path) -> dict:
     """Through the same bounded reader and positioned YAML loader as the manifest."""
     text = inputfile.read_text(path, inputfile.DATA_LIMIT, "policy file")
     doc = yamlsrc.load(text, str(path))
-    if not isinstance(doc.data, dict):
-        raise AuditDataError(f"{path}: version: must be 1")
     try:
-        doc.version(1, None, "must be 1")
+        doc.version(1, None, "must be 1")     # also refuses a document that is no mapping
     except ManifestError as exc:
         raise AuditDataError(str(exc)) from None
     return doc.data

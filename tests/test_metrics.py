@@ -303,7 +303,8 @@ def test_merged_report_of_several_hosts_matches_the_schema(series) -> None:
 def test_nothing_is_published_until_every_host_has_had_its_first_audit(series) -> None:
     """A report of gpu1 alone would be a different audit (pd-consistency over half the
     servers, gpu2's waivers unused): until gpu2's first audit ends, /report.json is 503
-    naming it and /metrics has the exporter's own series only, never a patch state."""
+    naming it and /metrics has the exporter's own series and gpu1's last success, never a
+    patch state."""
     ex = exporter.Exporter(["gpu1", "gpu2"], lambda h: fake_gathered(series, h),
                            evaluator(series), interval=60)
     address, port = ex.serve("127.0.0.1", 0)

@@ -15,7 +15,7 @@ from . import __version__
 from .errors import (BisectPending, Exit, HostUnreachable, LockedError, PatchsetError,
                      TargetError, UsageError)
 from .model import Patch, Series
-from .selection import Plan, Selection, plan
+from .selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
 
 if TYPE_CHECKING:
     # Imported where used: `list`, `show` and `plan` load neither (the agent's records
@@ -215,10 +215,6 @@ def show(series: Series, name: str) -> PatchView:
     text = (Path(series.root) / patch.file).read_text(encoding="utf-8")
     start = text.find("diff --git ")
     return PatchView(patch=patch, text=text, diff=text[start:])
-
-
-def list_patches(series: Series, tier: str | None = None, path: str | None = None) -> list[Patch]:
-    return list(plan(series, Selection(tier=tier, path=path)).patches)
 
 
 # ---------------------------------------------------------------- check

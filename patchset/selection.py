@@ -55,6 +55,12 @@ def parse_names(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     return tuple(names)
 
 
+def list_patches(series: Series, tier: str | None = None, path: str | None = None) -> list[Patch]:
+    """`list`: the patches --tier/--path keep, series order. Here, not in api.py, which
+    `list` would otherwise import for this one call (7 ms of its start)."""
+    return list(plan(series, Selection(tier=tier, path=path)).patches)
+
+
 def plan(series: Series, selection: Selection) -> Plan:
     _validate(series, selection)
     chosen: dict[str, str] = {}

@@ -30,7 +30,7 @@ from .app import (AcceptNewOpt, DeployView, ExcludeOpt, HealthTimeoutOpt, Invent
 def list_cmd(tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
              as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """List the series (filtered by --tier/--path), in series order."""
-    from ..api import list_patches
+    from ..selection import list_patches
     s = load(series)
     patches = list_patches(s, tier, path)
     if as_json:

@@ -98,16 +98,25 @@ def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
         rows.append(count_row("apply", "quilt push -a: SKIPPED (quilt not installed)", 0,
                               "count"))
         return rows
+    floor = [sys.executable, "-c", APPLY_FLOOR]
     patchset_process(fresh())                     # untimed: fills the bytecode cache
-    whole, quilt_stats = paired(runs, [(fresh, patchset_process), (quilt_tree, quilt_push)])
+    run(floor, ROOT, env=python)
+    whole, quilt_stats, floor_stats = paired(runs, [
+        (fresh, patchset_process), (quilt_tree, quilt_push),
+        (lambda: None, lambda _: run(floor, ROOT, env=python))])
     process = row("apply", "`patchset apply localhost --target T`, whole process", whole)
     quilt = row("apply", "quilt push -a (same patches), paired with the row above",
                 quilt_stats)
+    start = row("apply", f"floor: python -c '{APPLY_FLOOR}' (no work; paired with the two "
+                "rows above)", floor_stats)
     ratios([process, quilt], rows[1], "vs git am")
     rows[0].note += "; " + verdict(rows[0].median < quilt.median, "faster than quilt")
     add_note(process, f"{process.median / quilt.median:.2f}x quilt; "
-             + verdict(process.median <= quilt.median, "whole process <= quilt push -a"))
-    return rows + [process, quilt]
+             + verdict(process.median <= quilt.median, "whole process <= quilt push -a")
+             + f"; floor + {fmt(process.median - start.median, 's')}")
+    add_note(start, f"{start.median / quilt.median:.2f}x quilt; floor + in-process apply = "
+             f"{(start.median + rows[0].median) / quilt.median:.2f}x quilt")
+    return rows + [process, quilt, start]
 
 
 def settle(tree: Path) -> Path:
@@ -144,6 +153,9 @@ def write_quilt(series: Any, directory: Path) -> Path:
 
 # ---------------------------------------------------------------- CLI start
 
+# What a whole `patchset apply` process cannot go below before it does any work: the
+# interpreter and the libraries the project requires for the command line and the manifest.
+APPLY_FLOOR = "import typer, yaml"
 CLI_TARGET_S = 0.150
 # What a whole `patchset` process cannot go below: the interpreter, and the libraries
 # `list` needs (typer for the command line, rich for the table, yaml for the manifest).

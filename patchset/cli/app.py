@@ -403,8 +403,8 @@ def command_tree(args: list[str]) -> typer.core.TyperGroup:
 
 # The module that registers each command, modules in the order --help lists them. A module
 # registers its commands when imported; `patchset CMD` imports CMD's module alone (the six
-# others are 10 ms of every start). tests/test_cli_usage.py checks this against what each
-# module registers.
+# others are about 9 ms of every start). tests/test_cli_usage.py checks this table against
+# what each module registers.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "queue": ("list", "show", "check", "plan", "apply", "revert", "status", "provision",
               "version"),
@@ -424,9 +424,9 @@ def register_commands(name: str | None = None) -> None:
     wanted = [m for m, names in COMMAND_MODULES.items() if name in names] or COMMAND_MODULES
     for module in wanted:
         importlib.import_module(f"{__package__}.{module}")
-    order = list(COMMAND_MODULES)
-    app.registered_commands.sort(
-        key=lambda info: order.index(info.callback.__module__.rsplit(".", 1)[-1]))
+    order = {module: rank for rank, module in enumerate(COMMAND_MODULES)}
+    app.registered_commands.sort(key=lambda info: order.get(
+        info.callback.__module__.rsplit(".", 1)[-1], len(order)))
 
 
 def paragraphs(text: str) -> str:

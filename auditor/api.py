@@ -29,9 +29,9 @@ from .model import (PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, Pr
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.5"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
+SCHEMA_VERSION = "1.6"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
                                 # 1.4: waivers, findings[].waiver, status waived, waiver[...]
-                                # 1.5: symptom.measured[].recorded
+                                # 1.5: symptom.measured[].recorded; 1.6: states[].observation, modes
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 PROBE_PATHS = {"drift": "/generate"}   # where a probe POSTs (else a chat completion)

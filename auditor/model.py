@@ -151,6 +151,9 @@ class PatchState:
     ran: tuple[dict, ...] = ()       # {pid, title, target, first, via} of its targets
     declared: str | None = None      # the declared state, when the observation overrode it
     contradiction: str | None = None  # declared-active-not-run | inert-but-ran
+    # since 1.6: with tracing on, why there is no evidence either way (auditor/observed.py)
+    observation: str | None = None
+    modes: tuple[str, ...] = ()      # forward modes its code was seen running in
 
 
 @dataclass(frozen=True)

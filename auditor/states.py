@@ -26,7 +26,7 @@ from patchset.model import Patch, Requirement, Series
 from patchset.agent.facts.base import FactValue
 from .facttable import Context, resolve, role
 from .model import Condition, HostFacts, PatchState, Server
-from .observed import describe, loaded, observe
+from .observed import describe, loaded, modes_ran, observe, word_for
 from .staleness import stale
 from .values import same, shown
 from patchset.agent.staleness import runs_in, served_paths
@@ -129,31 +129,41 @@ class Evaluator:
         return next((w for w in words or [] if w.split(":")[0] == name), None)
 
     def _observe(self, patch: Patch, st: PatchState) -> PatchState:
-        """The declared state, corrected by what the tracer saw (auditor/observed.py)."""
-        words = loaded(self.server) or []
-        word = next((w for w in words if w.split(":")[0] == patch.name), None)
-        obs = observe(self.server, word) if word and self.server else None
+        """The declared state, corrected by what the tracer saw (auditor/observed.py):
+        only a call that returned or a forward pass in the process that would run the
+        code overrides it; no evidence leaves it as declared, and says why."""
+        word = word_for(self.server, patch.name) if self.server else None
+        obs = observe(self.server, word, self._paths(patch)) if word and self.server else None
         if obs is None:
             return st
+        modes = tuple(sorted(modes_ran(self.server, word)))
         if obs.ran:
             ran = "; ".join(describe(e) for e in obs.ran[:3])
             if st.state in ("inert", "gated-off"):
                 return replace(st, state="active", evidence="observed", ran=obs.ran,
-                               declared=st.state, contradiction="inert-but-ran",
+                               declared=st.state, contradiction="inert-but-ran", modes=modes,
                                reason=f"declared {st.state} ({st.reason}), but it ran: {ran}")
-            return replace(st, evidence="observed", ran=obs.ran,
+            return replace(st, evidence="observed", ran=obs.ran, modes=modes,
                            reason=f"{st.reason}; observed: {ran}")
-        if obs.not_run_after_work and st.state == "active":
-            work = describe(obs.work[0])
-            return replace(st, state="inert", evidence="observed", declared="active",
-                           contradiction="declared-active-not-run",
-                           reason=(f"declared active ({st.reason}), but none of its code ran "
-                                   f"while the server served work ({work}): its requires "
-                                   "miss a dispatch condition"))
-        if obs.not_run_after_work:
-            return replace(st, evidence="observed",
-                           reason=f"{st.reason}; observed: none of its code ran after work")
-        return st
+        if obs.observed_not_run:
+            proc = obs.not_run[0]
+            where = f"pid {proc['pid']} ({proc['title']}) returned {proc['forwards']}"
+            if st.state == "active":
+                return replace(st, state="inert", evidence="observed", declared="active",
+                               contradiction="declared-active-not-run", modes=modes,
+                               reason=(f"declared active ({st.reason}), but none of its code "
+                                       f"ran while {where}, watching all of it: its requires "
+                                       "miss a dispatch condition"))
+            return replace(st, evidence="observed", modes=modes,
+                           reason=f"{st.reason}; observed: none of its code ran while {where}")
+        return replace(st, observation=f"no evidence yet: {obs.none}", modes=modes)
+
+    def _paths(self, patch: Patch) -> tuple[str, ...]:
+        """The paths this patch's code would run in here: its tag's, of the ones the
+        server serves (both, when the role is unknown)."""
+        served = role(self.ctx)
+        paths = served_paths(served.value) if served.known else ("prefill", "decode")
+        return tuple(p for p in paths if patch.path in (None, "both", p))
 
     def _live_code(self, status: dict) -> tuple[str, str] | None:
         """Does the server run the managed tree? Sets `_stale` (started before the last

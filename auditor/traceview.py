@@ -10,17 +10,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .model import Report
-from .observed import WORK, records
+from .observed import ProcessRecord, is_marker, records
 
 
 @dataclass(frozen=True)
 class TargetRow:
     target: str                      # module:qualname
-    patches: tuple[str, ...]         # name:sha12 (or ~work: patchset's markers of work)
-    ran: bool
-    first: float | None = None
+    patches: tuple[str, ...]         # name:sha12 (or ~forward: the server's forward entry)
+    ran: bool                        # a call returned (not via an enclosing function)
+    first: float | None = None       # first entry
     via: str | None = None
-    watched: str | None = None       # how it was watched, None: could not be
+    watched: str | None = None       # how it was watched, None: not (yet) watchable
+    returned: float | None = None
+    raised: str | None = None
+    modes: tuple[str, ...] = ()      # forward modes it was seen in ('-': outside any)
+    why: str | None = None           # why it is not watched
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class ProcessTrace:
     mode: str | None
     targets: tuple[TargetRow, ...]
     unavailable: tuple[str, ...]
+    forwards: dict[str, int] = field(default_factory=dict)   # forward mode -> count
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class PatchTrace:
     evidence: str
     contradiction: str | None
     reason: str
+    observation: str | None = None
+    modes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -67,7 +74,8 @@ def view(report: Report) -> list[ServerTrace]:
             live = {server.main.pid: server.main.title.split(" ")[0]} | {
                 c.pid: c.title for c in server.children}
             st.processes = [_process(r, live) for r in recs]
-            st.patches = [PatchTrace(s.patch, s.state, s.evidence, s.contradiction, s.reason)
+            st.patches = [PatchTrace(s.patch, s.state, s.evidence, s.contradiction, s.reason,
+                                     s.observation, s.modes)
                           for s in host.states if s.server == server.id]
             out.append(st)
     return out
@@ -76,14 +84,20 @@ def view(report: Report) -> list[ServerTrace]:
 def _process(rec: dict, live: dict[int, str]) -> ProcessTrace:
     """One process's record; its title as the process shows it now (a scheduler sets its
     title after the tracer's first record)."""
-    hits, watched = rec.get("hits") or {}, rec.get("watched") or {}
-    rows = tuple(TargetRow(t, tuple(p), t in hits, (hits.get(t) or {}).get("first"),
-                           (hits.get(t) or {}).get("via"), watched.get(t))
-                 for t, p in sorted((rec.get("targets") or {}).items(),
-                                    key=lambda kv: (WORK in kv[1], kv[0])))
-    return ProcessTrace(rec.get("pid"), live.get(rec.get("pid")) or rec.get("title"),
-                        rec.get("mode"), rows,
-                        tuple(rec.get("unavailable") or ()))
+    typed = ProcessRecord.of(rec)
+    rows = []
+    for target, patches in sorted(typed.targets.items(),
+                                  key=lambda kv: (is_marker(kv[1]), kv[0])):
+        hit, watch = typed.hits.get(target), typed.watched.get(target)
+        rows.append(TargetRow(target, patches, bool(hit and hit.ran),
+                              hit.first if hit else None, hit.via if hit else None,
+                              watch.how if watch else None, hit.returned if hit else None,
+                              hit.raised if hit else None,
+                              tuple(sorted(hit.modes)) if hit else (),
+                              watch.why if watch else None))
+    return ProcessTrace(typed.pid, live.get(typed.pid) or typed.title, rec.get("mode"),
+                        tuple(rows), typed.unavailable,
+                        {m: f.count for m, f in sorted(typed.forwards.items())})
 
 
 def to_json(views: list[ServerTrace]) -> list[dict]:

@@ -76,11 +76,12 @@ MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTHONPATH", "PATCH
 # records go to its root-only RuntimeDirectory, which systemd removes when the unit stops.
 TRACE_HOME = tracer.HOME
 TRACE_RUN = tracer.RUN_DIR
-# patchset's own markers of served work: a scheduler ran a forward batch, the HTTP server
-# took a generate request (0.5.14's ModelRunner.forward, TokenizerManager.generate_request)
-WORK_MARKERS = ("sglang.srt.model_executor.model_runner:ModelRunner.forward",
-                "sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request")
-WORK = tracer.WORK
+# The server's forward entry (0.5.14's ModelRunner.forward, in the scheduler processes):
+# the tracer counts its calls per forward mode, the only work that can show a patched
+# kernel did not run (request handling in the main process never does).
+FORWARD_ENTRIES = ("sglang.srt.model_executor.model_runner:ModelRunner.forward",)
+FORWARD = tracer.FORWARD
+KERNEL = tracer.KERNEL
 TRACE_MODULE = validate.MODULE_NAME
 TRACE_QUALNAME = validate.QUALNAME
 # Server flags deploy renders itself; extra_args may not repeat them.
@@ -438,15 +439,17 @@ def role_applied(applied: list[dict], role: str) -> list[dict]:
     return staleness.role_applied(applied, role)
 
 
-def trace_value(applied: list[dict], role: str, traces: dict) -> str:
-    """PATCHSET_TRACE: `NAME:SHA12=MODULE:QUALNAME,...` for each patch this role runs (its
-    traceable targets, as the host derived them: patchset/agent/tracetargets.py), then
-    `~work=` patchset's markers of served work. Every name is checked again here: the
-    targets come from the host."""
+def trace_value(applied: list[dict], traces: dict) -> str:
+    """PATCHSET_TRACE: `NAME:SHA12=MODULE:QUALNAME,...` for every applied patch (its
+    targets as the host derived them: patchset/agent/tracetargets.py; a compiled kernel
+    as `!MODULE:QUALNAME`, listed so that the audit knows the patch is not wholly
+    watchable), then `~forward=` the server's forward entry. Every role watches every
+    applied patch, so a path tag is checked against what ran. Every name is checked again
+    here: the targets come from the host."""
     words = []
-    for a in role_applied(applied, role):
+    for a in applied:
         word = f"{a.get('name')}:{str(a.get('sha256') or '')[:12]}"
-        targets = [t for t in traces.get(word) or [] if t.get("kind") != "kernel"]
+        targets = list(traces.get(word) or [])
         for t in targets:
             if not (TRACE_MODULE.ok(str(t.get("module"))) and
                     TRACE_QUALNAME.ok(str(t.get("qualname")))):
@@ -454,9 +457,10 @@ def trace_value(applied: list[dict], role: str, traces: dict) -> str:
                                  f"{t.get('qualname')!r} for {word}: not a module and "
                                  "qualified name (is the tree damaged?)")
         if targets:
-            words.append(word + "=" + ",".join(f"{t['module']}:{t['qualname']}"
-                                               for t in targets))
-    return " ".join(words + [f"{WORK}=" + ",".join(WORK_MARKERS)])
+            words.append(word + "=" + ",".join(
+                f"{KERNEL if t.get('kind') == 'kernel' else ''}{t['module']}:{t['qualname']}"
+                for t in targets))
+    return " ".join(words + [f"{FORWARD}=" + ",".join(FORWARD_ENTRIES)])
 
 
 def patches_value(applied: list[dict], role: str) -> str:
@@ -556,7 +560,7 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
         env["PYTHONPATH"] = ":".join(paths)
     env.update({"PATCHSET_TREE": tree, "PATCHSET_PATCHES": patches_value(applied, role)})
     if settings.get("trace", True):
-        env.update({"PATCHSET_TRACE": trace_value(applied, role, traces),
+        env.update({"PATCHSET_TRACE": trace_value(applied, traces),
                     "PATCHSET_TRACE_DIR": f"{TRACE_RUN}/{role}"})
     env.update({k: v for k, v in gates.items() if k not in own})
     env.update(own)

@@ -14,7 +14,7 @@ from auditor import api
 from auditor.states import evaluate_host
 
 D = "sglang-decode.service"
-WORK = "sglang.srt.model_executor.model_runner:ModelRunner.forward"
+FWD = "sglang.srt.model_executor.model_runner:ModelRunner.forward"
 MHC = "sglang.srt.models.deepseek_v4:DeepseekV4DecoderLayer.hc_pre.<locals>.hc_pre_torch_impl"
 IDX = "sglang.srt.layers.attention.dsv4.indexer:fp8_paged_mqa_logits_torch_sm120"
 SPLITK = "sglang.srt.layers.attention.flash_mla_sm120_triton:flash_mla_sparse_decode_triton"
@@ -24,16 +24,23 @@ def decode(desc: dict) -> dict:
     return next(s for s in desc["servers"] if s["unit"] == D)
 
 
-def traced(seed: dict, series, ran: list[str], work: bool = True, loaded=None) -> dict:
+def traced(seed: dict, series, ran: list[str], work: bool = True, loaded=None,
+           **proc) -> dict:
+    """The decode server with tracing on: its main process (request handling only: it
+    imports none of the kernels' modules) and its scheduler, which watched the kernels' targets and,
+    with `work`, returned decode forward passes after that."""
     desc = copy.deepcopy(seed)
     srv = decode(desc)
     applied = desc["tree"]["applied"] if loaded is None else loaded
     by = series.by_name()
     srv["env"]["PATCHSET_PATCHES"] = " ".join(f"{n}:{by[n].sha256[:12]}" for n in applied)
-    srv["trace"] = [{"pid": srv["pid"] + 1, "title": "sglang::scheduler_TP0",
-                     "watch": {MHC: ["mhc-bf16"], IDX: ["indexer-bf16-gemm"],
-                               SPLITK: ["mma-splitk-decode"], WORK: ["~work"]},
-                     "ran": ran + ([WORK] if work else [])}]
+    watch = {MHC: ["mhc-bf16"], IDX: ["indexer-bf16-gemm"], SPLITK: ["mma-splitk-decode"],
+             FWD: ["~forward"]}
+    srv["trace"] = [
+        {"pid": srv["pid"], "title": "python3", "watch": watch,
+         "unwatched": [MHC, IDX, SPLITK, FWD]},
+        {"pid": srv["pid"] + 1, "title": "sglang::scheduler_TP0", "watch": watch,
+         "ran": ran, "forward": {"decode": 4} if work else {}, **proc}]
     return desc
 
 
@@ -45,20 +52,24 @@ def state(series, desc, patch: str, unit: str = D):
 def test_tracing_off_is_declared(series, seed) -> None:
     st = state(series, seed, "mhc-bf16")
     assert st.state == "active" and st.evidence == "declared" and st.ran == ()
+    assert st.observation is None
 
 
 def test_a_target_that_ran_makes_the_state_observed(series, seed) -> None:
-    st = state(series, traced(seed, series, [MHC]), "mhc-bf16")
-    assert st.state == "active" and st.evidence == "observed"
+    st = state(series, traced(seed, series, [MHC], ran_in={MHC: ["decode"]}), "mhc-bf16")
+    assert st.state == "active" and st.evidence == "observed" and st.modes == ("decode",)
     assert st.ran[0]["pid"] == 2001 and st.ran[0]["target"] == MHC
-    assert f"observed: {MHC} ran in pid 2001 (sglang::scheduler_TP0)" in st.reason
+    assert (f"observed: {MHC} ran in decode forward passes in pid 2001 "
+            "(sglang::scheduler_TP0)") in st.reason
 
 
-def test_declared_active_but_not_run_after_work_is_inert_and_a_finding(series, seed) -> None:
+def test_declared_active_but_not_run_after_forwards_is_inert_and_a_finding(series,
+                                                                          seed) -> None:
     desc = traced(seed, series, [])
     st = state(series, desc, "mma-splitk-decode")
     assert (st.state, st.declared, st.contradiction, st.evidence) == (
         "inert", "active", "declared-active-not-run", "observed")
+    assert "pid 2001 (sglang::scheduler_TP0) returned 4 decode forward pass(es)" in st.reason
     assert "requires miss a dispatch condition" in st.reason
     rep = api.evaluate(series, [synth.facts(desc, series)], "context-loss")
     [f] = [f for f in rep.findings if f.id == "trace[declared-active-not-run]"
@@ -68,9 +79,79 @@ def test_declared_active_but_not_run_after_work_is_inert_and_a_finding(series, s
     assert "mma-splitk-decode" not in suspects
 
 
-def test_no_work_served_yet_stays_declared(series, seed) -> None:
+def test_no_forward_pass_yet_stays_declared_and_says_so(series, seed) -> None:
     st = state(series, traced(seed, series, [], work=False), "mma-splitk-decode")
     assert st.state == "active" and st.evidence == "declared" and st.contradiction is None
+    assert st.observation.startswith("no evidence yet:") and \
+        "no decode forward pass after its code was watched" in st.observation
+
+
+def _snapshot(series, desc, symptom="context-loss"):
+    """Every state, hazard finding and the ranking of one audit."""
+    rep = api.evaluate(series, [synth.facts(desc, series)], symptom)
+    states = {(s.server, s.patch): (s.state, s.contradiction) for s in rep.hosts[0].states}
+    hazards = {(f.id, f.subject): f.status for f in rep.findings if f.id.startswith("hazard")}
+    return states, hazards, [s.name for s in rep.symptom.suspects]
+
+
+def test_request_level_work_changes_nothing(series, seed) -> None:
+    """Requests were handled in the main process; no forward pass returned anywhere: states, hazards and ranking are the declared ones,
+    and every traced state says it has no evidence yet."""
+    before = _snapshot(series, seed)
+    desc = traced(seed, series, [], work=False)
+    assert _snapshot(series, desc) == before
+    for patch in ("mhc-bf16", "mma-splitk-decode", "indexer-bf16-gemm"):
+        st = state(series, desc, patch)
+        assert st.evidence == "declared" and st.observation, patch
+
+
+def test_a_forward_in_another_process_is_no_evidence(series, seed) -> None:
+    """The forward passes ran in a process that did not watch the kernels (they were not
+    imported there): no conclusion about the scheduler that watched them."""
+    desc = traced(seed, series, [], work=False)
+    decode(desc)["trace"][0]["forward"] = {"decode": 9}      # the main process, unwatched
+    st = state(series, desc, "mma-splitk-decode")
+    assert st.state == "active" and st.evidence == "declared"
+    assert "pid 2000: sglang.srt.layers" in st.observation and "not watched" in st.observation
+
+
+def test_forwards_of_another_mode_or_a_draft_model_are_no_evidence(series, seed) -> None:
+    for forward in ({"extend": 5}, {"draft:decode": 5}, {"idle": 5}, {"prebuilt": 3}):
+        desc = traced(seed, series, [], work=False, forward=forward)
+        st = state(series, desc, "mma-splitk-decode")
+        assert (st.state, st.evidence) == ("active", "declared"), forward
+    desc = traced(seed, series, [], work=False, forward={"mixed": 1})  # mixed runs decode
+    assert state(series, desc, "mma-splitk-decode").state == "inert"
+
+
+def test_a_forward_before_the_code_was_watched_is_no_evidence(series, seed) -> None:
+    """The kernels' module was imported (watched) after the last recorded forward."""
+    st = state(series, traced(seed, series, [], watched_at=60), "mma-splitk-decode")
+    assert (st.state, st.evidence) == ("active", "declared")
+    assert "no decode forward pass after its code was watched" in st.observation
+    st = state(series, traced(seed, series, [], watched_at=40), "mma-splitk-decode")
+    assert st.state == "inert"
+
+
+def test_entered_raised_or_via_the_outer_function_is_not_ran(series, seed) -> None:
+    """A call that raised, or a hit on the enclosing function of the nested
+    hc_pre_torch_impl (wrap mode), shows neither that it ran nor that it did not."""
+    desc = traced(seed, series, [], entered=[IDX, MHC], raised={IDX: "RuntimeError"})
+    st = state(series, desc, "mhc-bf16")
+    assert (st.state, st.evidence, st.ran) == ("active", "declared", ())
+    assert f"{MHC} was entered in pid 2001" in st.observation
+    st = state(series, desc, "indexer-bf16-gemm")
+    assert "never returned (raised RuntimeError)" in st.observation
+    desc = traced(seed, series, [MHC], via={MHC: "DeepseekV4DecoderLayer.hc_pre"})
+    st = state(series, desc, "mhc-bf16")
+    assert (st.state, st.evidence, st.ran) == ("active", "declared", ())
+    assert "its enclosing DeepseekV4DecoderLayer.hc_pre ran in pid 2001" in st.observation
+
+
+def test_an_older_record_format_is_no_evidence(series, seed) -> None:
+    st = state(series, traced(seed, series, [MHC], format=1), "mhc-bf16")
+    assert (st.state, st.evidence) == ("active", "declared")
+    assert "tracer format 1" in st.observation
 
 
 def test_declared_inert_but_ran_is_active_and_high(series, seed) -> None:
@@ -104,7 +185,7 @@ def test_a_patch_applied_after_the_start_is_not_loaded(series, seed) -> None:
 
 def test_unavailable_tracing_is_a_warning(series, seed) -> None:
     desc = traced(seed, series, [MHC])
-    decode(desc)["trace"][0]["unavailable"] = ["sglang.x:f: no code object"]
+    decode(desc)["trace"][1]["unavailable"] = ["sglang.x:f: no code object"]
     rep = api.evaluate(series, [synth.facts(desc, series)])
     [f] = [f for f in rep.findings if f.id == "trace[unavailable]"]
     assert f.status == "warn" and "pid 2001" in f.message
@@ -147,18 +228,22 @@ def test_the_trace_command_lists_what_ran_and_exits_1_on_a_contradiction(
                          "--json")
     assert code == 0, err
     [dec] = [v for v in json.loads(out) if v["server"] == D]
-    [proc] = dec["processes"]
+    proc = next(p for p in dec["processes"] if p["pid"] == 2001)
     ran = {r["target"] for r in proc["targets"] if r["ran"]}
-    assert ran == {MHC, SPLITK, WORK} and IDX in {r["target"] for r in proc["targets"]}
+    assert ran == {MHC, SPLITK} and IDX in {r["target"] for r in proc["targets"]}
+    assert proc["forwards"] == {"decode": 4}
     assert dec["contradictions"] == [] and dec["traced"] is True
     prefill = next(v for v in json.loads(out) if v["server"] != D)
     assert prefill["traced"] is False and "tracing off" in prefill["why"]
 
-    desc["now"] = traced(seed, series, [MHC])         # split-K watched, work served, not run
+    desc["now"] = traced(seed, series, [MHC])    # split-K watched, decode forwards, not run
     code, out, err = cli(capsys, "trace", "gpu1", "--inventory", str(tmp_path / "hosts.yaml"))
-    assert code == 1
-    assert "mma-splitk-decode: declared-active-not-run" in out
-    assert f"ran {MHC}" in out and f"    {SPLITK}  [mma-splitk-decode]" in out
+    assert code == 1, out
+    assert "mma-splitk-decode: declared-active-not-run" in out, out
+    assert f"ran {MHC} in no forward  [mhc-bf16]" in out, out
+    assert f"watched {SPLITK}  [mma-splitk-decode]" in out
+    assert f"unwatched {SPLITK}  [mma-splitk-decode] (not imported in this process)" in out
+    assert "forward passes: 4 decode" in out
 
 
 def test_a_hazard_fix_counts_only_if_the_process_loaded_it(series, seed) -> None:
@@ -179,3 +264,23 @@ def test_a_hazard_fix_counts_only_if_the_process_loaded_it(series, seed) -> None
     restarted = traced(on_disk, series, [], work=False,
                        loaded=loaded + ["nvfp4-cutlass-swiglu-clamp"])
     assert hazard(restarted).get(D) in (None, "pass")
+
+
+def test_a_path_tag_is_checked_against_the_modes_it_ran_in(series, seed) -> None:
+    """The seeds' "decode-only" kernels served prefill chunks: a patch tagged decode whose
+    code ran in an extend forward pass is a finding; tagged both, it is not."""
+    from dataclasses import replace
+    tagged = replace(series, patches=tuple(
+        replace(p, path="decode") if p.name == "mma-splitk-decode" else p
+        for p in series.patches))
+    modes = {"ran_in": {SPLITK: ["extend", "decode"]}, "forward": {"decode": 4, "extend": 2}}
+    desc = traced(seed, tagged, [SPLITK], **modes)
+    rep = api.evaluate(tagged, [synth.facts(desc, tagged)])
+    [f] = [f for f in rep.findings if f.id == "trace[path-disagrees]"]
+    assert f.status == "fail" and f.patches == ("mma-splitk-decode",)
+    assert "tagged path decode, but its code ran in extend forward passes (pid 2001)" in \
+        f.message
+    st = state(tagged, desc, "mma-splitk-decode")
+    assert st.modes == ("decode", "extend")
+    rep = api.evaluate(series, [synth.facts(traced(seed, series, [SPLITK], **modes), series)])
+    assert not [f for f in rep.findings if f.id == "trace[path-disagrees]"]

@@ -238,8 +238,8 @@ def test_the_tracer_runs_in_every_process_of_a_deployed_unit(one_host: TestHost,
     for r in records:                  # every process watches what deploy rendered
         assert r["targets"] == watched and r["unavailable"] == [], r
     # the test series' patches change comments only: no code of theirs to watch, only the
-    # markers of served work (tests/test_tracetargets.py covers the shipped series)
-    assert {p for ps in watched.values() for p in ps} == {"~work"}
+    # server's forward entry (tests/test_tracetargets.py covers the shipped series)
+    assert {p for ps in watched.values() for p in ps} == {"~forward"}
     assert on_host(one_host, f"stat -c '%a' {run_dir}/{main}.json").strip() == "600"
     import hashlib
     local = hashlib.sha256(Path(tracer.__file__).read_bytes()).hexdigest()

@@ -171,3 +171,100 @@ def test_parse_is_bounded_and_tolerant() -> None:
     assert tracer.parse("no-equals a=b a=:x a=m:") == {}
     assert tracer.parse("p:x=m:A.f,m:<module>") == {("m", "A.f"): ["p:x"],
                                                       ("m", "<module>"): ["p:x"]}
+
+
+RUNNER = '''
+import enum
+class ForwardMode(enum.IntEnum):
+    EXTEND = 1
+    DECODE = 2
+    MIXED = 3
+class Batch:
+    def __init__(self, mode): self.forward_mode = mode
+def kern(x):
+    def inner(y): return y * 2
+    return inner(x)
+def dec_only(x): return x + 1
+def never(): return 0
+def boom(): raise ValueError("no")
+class ModelRunner:
+    is_draft_worker = False
+    def forward(self, forward_batch, fail=False):
+        kern(1)
+        if forward_batch.forward_mode == ForwardMode.DECODE:
+            dec_only(2)
+        if fail:
+            raise RuntimeError("forward failed")
+        return 7
+'''
+FORWARDS = '''
+import json, os, sys
+first = json.load(open(os.path.join(os.environ["PATCHSET_TRACE_DIR"], f"{os.getpid()}.json")))
+import pkg.mr as m
+r, draft = m.ModelRunner(), m.ModelRunner()
+draft.is_draft_worker = True
+out = [r.forward(m.Batch(m.ForwardMode.EXTEND)) for _ in range(3)]
+out += [r.forward(forward_batch=m.Batch(m.ForwardMode.DECODE)) for _ in range(5)]
+out.append(draft.forward(m.Batch(m.ForwardMode.DECODE)))
+for call in (lambda: r.forward(m.Batch(m.ForwardMode.MIXED), fail=True), m.boom):
+    try:
+        call()
+    except (RuntimeError, ValueError) as exc:
+        out.append(type(exc).__name__)
+print(json.dumps({"out": out, "first": first}))
+'''
+RUNNER_SPEC = ("p1:aaaaaaaaaaaa=pkg.mr:kern,pkg.mr:kern.<locals>.inner "
+               "p2:bbbbbbbbbbbb=pkg.mr:dec_only,!pkg.mr:_kernel "
+               "p3:cccccccccccc=pkg.mr:never,pkg.mr:boom ~forward=pkg.mr:ModelRunner.forward")
+
+
+def _monitoring_python() -> list[str]:
+    """A Python >= 3.12 on this machine (the sys.monitoring mode), where there is one
+    beside the test's own (pyenv's on the CI machines)."""
+    if sys.version_info >= (3, 12):
+        return []
+    import glob
+    for candidate in sorted(glob.glob("/root/.pyenv/versions/3.1[2-9]*/bin/python3")) + \
+            sorted(glob.glob("/usr/bin/python3.1[2-9]")):
+        probe = subprocess.run([candidate, "-c", "import sys; sys.monitoring"],
+                               capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return [candidate]
+    return []
+
+
+INTERPRETERS = [sys.executable] + _monitoring_python()
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_forward_passes_modes_returns_and_raises(site: Path, python: str) -> None:
+    """Per process: the forward passes that returned, per mode (a draft worker's apart,
+    a forward that raised not at all); per target, its first entry, first return, the
+    modes it ran in; every target listed from the first write, kernels as unwatchable."""
+    (site / "pkg" / "mr.py").write_text(RUNNER)
+    (site / "fwd.py").write_text(FORWARDS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHSET_TRACE")}
+    env.update(PYTHONPATH=f"{site / 'trace'}:{site}", PATCHSET_TRACE=RUNNER_SPEC,
+               PATCHSET_TRACE_DIR=str(site / "records"))
+    proc = subprocess.run([python, "fwd.py"], cwd=site, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["out"] == [7] * 9 + ["RuntimeError", "ValueError"]
+    assert {t: w["how"] for t, w in got["first"]["watched"].items()} == {
+        t: None for t in got["first"]["targets"]}                  # listed before import
+    [rec] = records(site)
+    assert rec["format"] == 2 and set(rec["forward"]) == {"extend", "decode", "draft:decode"}
+    assert rec["forward"]["extend"]["count"] >= 2 and rec["forward"]["decode"]["count"] >= 4
+    hits = rec["hits"]
+    assert set(hits["pkg.mr:kern"]["modes"]) == {"extend", "decode", "draft:decode", "mixed"}
+    assert set(hits["pkg.mr:dec_only"]["modes"]) == {"decode", "draft:decode"}
+    assert hits["pkg.mr:kern"]["returned"] and hits["pkg.mr:dec_only"]["returned"]
+    assert "pkg.mr:never" not in hits and rec["watched"]["pkg.mr:never"]["how"]
+    assert hits["pkg.mr:boom"]["returned"] is None                 # entered, raised
+    wrap = rec["mode"] == "wrap"
+    assert hits["pkg.mr:boom"]["raised"] == ("ValueError" if wrap else None)
+    assert (hits["pkg.mr:kern.<locals>.inner"]["via"] == "kern") is wrap
+    assert rec["watched"]["!pkg.mr:_kernel"]["how"] is None and \
+        "compiled kernel" in rec["watched"]["!pkg.mr:_kernel"]["why"]
+    assert rec["watched"]["pkg.mr:ModelRunner.forward"]["how"] == "forward entry"

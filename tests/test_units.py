@@ -475,24 +475,27 @@ TRACES = {f"idx-c:{'c' * 12}": [
 
 
 def test_the_tracer_is_on_by_default_with_the_host_derived_targets() -> None:
-    """Each role's env gets PATCHSET_TRACE (the traceable targets of the patches that run
-    in it, plus the markers of served work), its records dir and the tracer first on
-    PYTHONPATH; the unit gets a root-only RuntimeDirectory for the records."""
+    """Each role's env gets PATCHSET_TRACE (the targets of every applied patch, a compiled
+    kernel marked `!`, then the server's forward entry), its records dir and the tracer
+    first on PYTHONPATH; the unit gets a root-only RuntimeDirectory for the records."""
     h = host()
     out = units.render(h, units.resolve(h, ["prefill", "decode"], "/opt/sglang",
                                         {"applied": APPLIED, "trace": TRACES}, "git"))
     env = {r: units.parse_env_file(out[r].env_text) for r in out}
     decode = env["decode"]["PATCHSET_TRACE"].split()
     assert decode[0] == (f"idx-c:{'c' * 12}=sglang.srt.layers.idx:Backend.forward.<locals>."
-                         "kernel_call,sglang.srt.layers.idx:<module>")     # no kernel target
-    assert decode[-1] == f"{units.WORK}=" + ",".join(units.WORK_MARKERS)
-    assert not any(w.startswith("idx-c") for w in env["prefill"]["PATCHSET_TRACE"].split())
+                         "kernel_call,!sglang.srt.layers.idx:_triton_kernel,"
+                         "sglang.srt.layers.idx:<module>")
+    assert decode[-1] == f"{units.FORWARD}=" + ",".join(units.FORWARD_ENTRIES)
+    # every role watches every applied patch: a path tag is checked against what ran
+    assert env["prefill"]["PATCHSET_TRACE"] == env["decode"]["PATCHSET_TRACE"]
     assert env["decode"]["PATCHSET_TRACE_DIR"] == f"{units.TRACE_RUN}/decode"
     assert "RuntimeDirectory=patchset-trace/decode\nRuntimeDirectoryMode=0700\n" in \
         out["decode"].unit_text
     from patchset.agent import tracer
-    assert tracer.parse(env["decode"]["PATCHSET_TRACE"])[
-        ("sglang.srt.layers.idx", "<module>")] == [f"idx-c:{'c' * 12}"]
+    parsed = tracer.parse(env["decode"]["PATCHSET_TRACE"])
+    assert parsed[("sglang.srt.layers.idx", "<module>")] == [f"idx-c:{'c' * 12}"]
+    assert parsed[("!sglang.srt.layers.idx", "_triton_kernel")] == [f"idx-c:{'c' * 12}"]
 
 
 def test_trace_false_renders_no_tracer() -> None:

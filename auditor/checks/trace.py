@@ -5,9 +5,14 @@ hosts.yaml turns it off), which records per process which of each applied patch'
 functions ran. A declared state is a reasoning from `requires`; a record is a fact:
 
 * `trace[inert-but-ran]` (high): a patch declared inert or gated off executed;
-* `trace[declared-active-not-run]`: the server served work (a forward batch, a generate
-  request) and none of an active patch's code ran: a dispatch condition is missing from
-  its `requires` (name the patch and read the code that chose another path);
+* `trace[declared-active-not-run]`: a process that watched all of an active patch's code
+  returned forward passes of every mode its path serves, and none of that code ran: a
+  dispatch condition is missing from its `requires` (read the code that chose another
+  path). Request handling, rejected requests and other processes' work never count
+  (auditor/observed.py);
+* `trace[path-disagrees]`: a patch tagged prefill (decode) ran in a decode (extend)
+  forward pass: its `path` tag is wrong (the seeds' "decode-only" kernels served prefill
+  chunks);
 * `trace[unavailable]`: a process could not watch everything (why, per pid).
 
 A server without records (tracing off, or a unit patchset did not deploy) gets no finding
@@ -17,7 +22,7 @@ here: its patch states say `evidence: declared`.
 from __future__ import annotations
 
 from ..model import Evidence, Finding
-from ..observed import describe, records, unavailable
+from ..observed import describe, modes_ran, path_disagreement, records, unavailable, word_for
 from .base import AuditContext, Reporter
 
 ID = "trace"
@@ -47,6 +52,15 @@ def check(ctx: AuditContext) -> list[Finding]:
                     host.host, f"{server.id} {st.patch}", "its code ran after work",
                     "none of its code ran", "fail", st.reason, ev,
                     sub="declared-active-not-run", patches=(st.patch,)))
+        for patch in ctx.series.patches:
+            word = word_for(server, patch.name)
+            wrong = path_disagreement(patch.path, modes_ran(server, word)) if word else None
+            if wrong:
+                found_any = True
+                out.append(finding(host.host, f"{server.id} {patch.name}",
+                                   f"runs in {patch.path} forward passes only", wrong, "fail",
+                                   f"{patch.name}: {wrong}", ev, sub="path-disagrees",
+                                   patches=(patch.name,)))
         for pid, why in unavailable(server):
             found_any = True
             out.append(finding(host.host, f"{subject} process {pid}", "every target watched",

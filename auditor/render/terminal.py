@@ -23,6 +23,16 @@ def _tag(text: str) -> str:
     return f"[{style}]{text}[/{style}]" if style else text
 
 
+def _cell(row: dict, col: str) -> str:
+    """The state, with how it is known where the tracer ran: `active (observed)`,
+    `active (none yet)`; plain `active` is declared with tracing off."""
+    state = row["cells"].get(col)
+    if state is None:
+        return "-"
+    how = row.get("evidence", {}).get(col)
+    return _tag(state) + (f" ({how})" if how in ("observed", "none yet") else "")
+
+
 def render(data: dict, color: bool = False, width: int | None = None) -> str:
     from rich.console import Console
     from rich.markup import escape
@@ -82,8 +92,7 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
             for col in columns:
                 states.add_column(escape(col))
             for row in rows:
-                states.add_row(row["patch"], *(_tag(row["cells"].get(col, "-"))
-                                               for col in columns))
+                states.add_row(row["patch"], *(_cell(row, col) for col in columns))
             console.print(states)
             _probes(console, host)
         mine = findings.get(host["host"], [])

@@ -60,17 +60,28 @@ def servers(host: dict) -> list[dict]:
 
 
 def matrix(host: dict) -> tuple[list[str], list[dict]]:
-    """(server columns, rows of {patch, cells: {server: state}, reasons: {server: why}})."""
+    """(server columns, rows of {patch, cells: {server: state}, evidence: {server:
+    observed | declared | none yet}, reasons: {server: why}})."""
     columns: list[str] = []
     rows: dict[str, dict] = {}
     for st in host["states"]:
         col = st["server"] or "host"
         if col not in columns:
             columns.append(col)
-        row = rows.setdefault(st["patch"], {"patch": st["patch"], "cells": {}, "reasons": {}})
+        row = rows.setdefault(st["patch"], {"patch": st["patch"], "cells": {},
+                                            "evidence": {}, "reasons": {}})
         row["cells"][col] = st["state"]
-        row["reasons"][col] = st["reason"]
+        row["evidence"][col] = evidence_of(st)
+        row["reasons"][col] = "; ".join(filter(None, (st["reason"], st.get("observation"))))
     return columns, list(rows.values())
+
+
+def evidence_of(state: dict) -> str:
+    """observed (the tracer showed it), none yet (traced, nothing conclusive) or declared
+    (tracing off: from `requires` only)."""
+    if state.get("evidence") == "observed":
+        return "observed"
+    return "none yet" if state.get("observation") else "declared"
 
 
 def gpus(host: dict) -> str:

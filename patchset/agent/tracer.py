@@ -1,4 +1,5 @@
-"""patchset's tracer: which patched functions ran, in this very server process.
+"""patchset's tracer: which patched functions ran, in this very server process, and in
+which forward passes.
 
 Standard library only, one file: `patchset deploy` installs it on the host with a
 `sitecustomize.py` that calls `install()` in every Python process the unit starts, the
@@ -6,26 +7,40 @@ spawned `sglang::scheduler_*` children included (they inherit the environment). 
 unless PATCHSET_TRACE (what to watch) and PATCHSET_TRACE_DIR (where to write) are set.
 
 PATCHSET_TRACE is space-separated words `NAME:SHA12=MODULE:QUALNAME,MODULE:QUALNAME...`
-(the targets patchset/agent/tracetargets.py derived from each applied patch; `~work`
-names patchset's own markers of served work). A target module is instrumented right after
-it is imported (a meta-path finder wraps its loader; nothing else is touched):
+(the targets patchset/agent/tracetargets.py derived from each applied patch; a target
+written `!MODULE:QUALNAME` is a compiled kernel, listed but never watchable), and
+`~forward=MODULE:QUALNAME`: the server's forward entry (0.5.14's `ModelRunner.forward`).
+A target module is instrumented right after it is imported (a meta-path finder wraps its
+loader; nothing else is touched):
 
-* Python >= 3.12: `sys.monitoring` PY_START events set on the target code objects only
-  (found by `co_qualname`, nested functions included); the callback records the first
-  call and returns DISABLE, so a target costs nothing after its first call.
+* Python >= 3.12: `sys.monitoring` PY_START and PY_RETURN events on the target code
+  objects only (found by `co_qualname`, nested functions included); each callback records
+  once and returns DISABLE, so a target costs nothing after its first call returned.
 * Python < 3.12 (the pinned 0.5.14 wheel is cp311): the function or method is replaced on
-  its module or class by a wrapper that records the first call and puts the original back;
-  references taken before that (a dispatch table built at import) keep calling the wrapper,
-  one extra frame and a flag test per call. A nested function (`f.<locals>.g`) cannot be
-  wrapped: its outermost enclosing function is watched instead (`via` says so).
+  its module or class by a wrapper that records the call and, once a call returned, puts
+  the original back; references taken before that (a dispatch table built at import) keep
+  calling the wrapper, one extra frame and a flag test per call. A nested function
+  (`f.<locals>.g`) cannot be wrapped: its outermost enclosing function is watched instead
+  (`via` says so, and the audit never reads that as "g ran").
 * `<module>`: recorded when the module has been imported.
+
+The forward entry is wrapped in both modes and stays wrapped: each call that returns is
+counted per forward mode (`forward_batch.forward_mode.name`, `draft:` for a draft
+worker), and a target's hit records the mode of the forward it ran in (`-`: outside any
+forward, e.g. a CUDA-graph capture or a request handler). The first forward of a mode
+re-arms every target once, so each target's record says in which modes it ran.
 
 Records: one JSON file per process, PATCHSET_TRACE_DIR/PID.json (the unit's root-only
 RuntimeDirectory, removed by systemd when the unit stops), written atomically (temp file +
-rename) at start and at each target's first call only: no I/O on the hot path after that.
-A record holds pid, title (`sglang::scheduler_TP0`, never argv values or the environment),
-role, the patches it loaded, first-call times, and why tracing is unavailable, if it is.
-Any exception inside the tracer is swallowed and recorded; the server never sees it.
+rename) at start, when a target is watched, at a target's first entry, first return and
+first run in a mode, and at forward counts 1, 2, 4, 8, ... of each mode (or the first
+forward after a target became watched): no I/O on the hot path after that. A record holds
+pid, title (`sglang::scheduler_TP0`, never argv values or the environment), role, the
+patches it loaded, every target from the first write with how (and since when) it is
+watched, per target its first entry, first return, the exception type of a call that
+raised and the modes it ran in, the forward passes per mode (first, last recorded,
+count), and why tracing is unavailable, if it is. Any exception inside the tracer is
+swallowed and recorded; the server never sees it.
 """
 
 from __future__ import annotations
@@ -38,15 +53,19 @@ import threading
 import time
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2
 HOME = "/var/lib/patchset/trace"      # where deploy installs this file + sitecustomize.py
 RUN_DIR = "/run/patchset-trace"       # RUN_DIR/ROLE: a unit's RuntimeDirectory (records)
 TRACE_VAR = "PATCHSET_TRACE"
 DIR_VAR = "PATCHSET_TRACE_DIR"
 PATCHES_VAR = "PATCHSET_PATCHES"
 MODULE = "<module>"
-WORK = "~work"
+FORWARD = "~forward"                  # the word naming the server's forward entry points
+KERNEL = "!"                          # prefix of a compiled-kernel target (never watchable)
+OUTSIDE = "-"                         # a target's mode when it ran outside any forward
+DRAFT = "draft:"                      # prefix of a draft worker's forward mode
 MAX_TARGETS = 512
+MAX_MODES = 16
 MAX_TEXT = 200
 TOOL_NAME = "patchset-trace"
 
@@ -67,7 +86,8 @@ def install(environ: Any = None) -> None:
 
 
 def parse(spec: str) -> dict[tuple[str, str], list[str]]:
-    """PATCHSET_TRACE -> (module, qualname) -> the patches (`name:sha12`) it shows ran."""
+    """PATCHSET_TRACE -> (module, qualname) -> the patches (`name:sha12`) it shows ran;
+    a kernel target keeps its `!` on the module."""
     out: dict[tuple[str, str], list[str]] = {}
     for word in spec.split()[:MAX_TARGETS]:
         patch, sep, targets = word.partition("=")
@@ -75,9 +95,24 @@ def parse(spec: str) -> dict[tuple[str, str], list[str]]:
             continue
         for target in targets.split(","):
             module, sep, qualname = target.partition(":")
-            if sep and module and qualname:
+            if sep and module.lstrip(KERNEL) and qualname:
                 out.setdefault((module, qualname), []).append(patch)
     return out
+
+
+def forward_mode(runner: Any, batch: Any) -> str:
+    """`decode`, `extend`, ... of a ModelRunner.forward call; `draft:decode` when the
+    runner is a speculative draft worker (another model: its forwards prove nothing about
+    the target model's code)."""
+    try:
+        name = str(batch.forward_mode.name).lower()[:32]
+    except BaseException:  # noqa: BLE001
+        name = "unknown"
+    try:
+        draft = bool(getattr(runner, "is_draft_worker", False))
+    except BaseException:  # noqa: BLE001
+        draft = False
+    return DRAFT + name if draft else name
 
 
 class _Tracer:
@@ -87,14 +122,19 @@ class _Tracer:
         self.dir = directory
         self.started_with = started_with
         self.by_module: dict[str, set[str]] = {}
+        self.forward_keys = {f"{m}:{q}" for (m, q), p in targets.items() if FORWARD in p}
         for module, qualname in targets:
-            self.by_module.setdefault(module, set()).add(qualname)
+            if not module.startswith(KERNEL):
+                self.by_module.setdefault(module, set()).add(qualname)
         self.hits: dict[str, dict] = {}
-        self.found: dict[str, str] = {}          # target -> how it is watched
+        self.found: dict[str, dict] = {_key(m, q): _pending(m) for (m, q) in targets}
+        self.forwards: dict[str, dict] = {}
+        self.changed = 0.0                       # when a target last became watched
         self.unavailable: list[str] = []
         self.codes: dict[Any, str] = {}          # code object -> target (monitoring)
         self.slots: dict[tuple[int, str], list] = {}   # (owner, attribute) -> targets
         self.lock = threading.RLock()
+        self.local = threading.local()           # .mode: the forward this thread runs
         self.monitoring = sys.version_info >= (3, 12) and hasattr(sys, "monitoring")
         self.tool: int | None = None
         self.pid = os.getpid()
@@ -119,54 +159,78 @@ class _Tracer:
             if mon.get_tool(tool) is None:
                 mon.use_tool_id(tool, TOOL_NAME)
                 mon.register_callback(tool, mon.events.PY_START, self._on_start)
+                mon.register_callback(tool, mon.events.PY_RETURN, self._on_return)
                 self.tool = tool
                 return
         self.monitoring = False
         self.note("no free sys.monitoring tool id: wrapping functions instead")
 
     def _forked(self) -> None:
-        """A forked child is another process: its own record, events re-armed."""
+        """A forked child is another process: its own record, events re-armed; what it
+        watched stays watched (the modules came with the fork)."""
         try:
             self.lock = threading.RLock()    # another thread may have held it at the fork
+            self.local = threading.local()
             with self.lock:
-                self.pid, self.hits = os.getpid(), {}
-                self.slots = {}
-                if self.monitoring:
-                    sys.monitoring.restart_events()
-                else:
-                    for name in self.by_module:
-                        if name in sys.modules:
-                            self.instrument(sys.modules[name])
+                self.pid, self.hits, self.forwards = os.getpid(), {}, {}
+                self._rearm()
             self.write()
         except BaseException as exc:  # noqa: BLE001
             self.note(f"after fork: {type(exc).__name__}: {exc}")
 
+    def _rearm(self) -> None:
+        """Every target records its next call again (once per target)."""
+        if self.monitoring:
+            sys.monitoring.restart_events()
+            return
+        self.slots = {}
+        for name in self.by_module:
+            if name in sys.modules:
+                self.instrument(sys.modules[name], rearm=True)
+
     # ------------------------------------------------------------ instrumenting
 
-    def instrument(self, module: Any) -> None:
+    def instrument(self, module: Any, rearm: bool = False) -> None:
         """Watch the targets of a module that has just been imported."""
         try:
             name = module.__name__
             for qualname in sorted(self.by_module.get(name, ())):
-                key = f"{name}:{qualname}"
-                if qualname == MODULE:
-                    self.found[key] = "import"
-                    self.hit(key)
+                key = _key(name, qualname)
+                if key in self.forward_keys:
+                    if not rearm:
+                        self._wrap_forward(module, qualname, key)
+                elif qualname == MODULE:
+                    if not rearm:
+                        self.watched(key, "import")
+                        self.hit(key, returned=True)
                 elif self.monitoring:
-                    self._watch_code(module, qualname, key)
+                    if not rearm:
+                        self._watch_code(module, qualname, key)
                 else:
                     self._wrap(module, qualname, key)
         except BaseException as exc:  # noqa: BLE001
             self.note(f"{getattr(module, '__name__', '?')}: {type(exc).__name__}: {exc}")
 
+    def watched(self, key: str, how: str, why: str | None = None) -> None:
+        with self.lock:
+            if self.found.get(key, {}).get("how") is None:
+                now = round(time.time(), 3)
+                self.found[key] = {"how": how, "at": now, "why": why}
+                self.changed = now
+
     def _watch_code(self, module: Any, qualname: str, key: str) -> None:
         code = _find_code(module, qualname)
         if code is None:
-            self.note(f"{key}: no code object with this qualname (built at run time?)")
+            self._unwatchable(key, "no code object with this qualname (built at run time?)")
             return
         self.codes[code] = key
-        sys.monitoring.set_local_events(self.tool, code, sys.monitoring.events.PY_START)
-        self.found[key] = "sys.monitoring"
+        events = sys.monitoring.events
+        sys.monitoring.set_local_events(self.tool, code, events.PY_START | events.PY_RETURN)
+        self.watched(key, "sys.monitoring")
+
+    def _unwatchable(self, key: str, why: str) -> None:
+        self.found[key] = {"how": None, "at": None, "why": why}
+        self.note(f"{key}: {why}")
 
     def _on_start(self, code: Any, offset: int) -> Any:
         key = self.codes.get(code)
@@ -174,14 +238,20 @@ class _Tracer:
             self.hit(key)
         return sys.monitoring.DISABLE
 
+    def _on_return(self, code: Any, offset: int, retval: Any) -> Any:
+        key = self.codes.get(code)
+        if key is not None:
+            self.hit(key, returned=True)
+        return sys.monitoring.DISABLE
+
     def _wrap(self, module: Any, qualname: str, key: str) -> None:
         outer = qualname.split(".<locals>.")[0]
         via = None if outer == qualname else outer
         owner, attr = _owner(module, outer)
         if owner is None:
-            self.note(f"{key}: {outer} not found in {module.__name__}")
+            self._unwatchable(key, f"{outer} not found in {module.__name__}")
             return
-        self.found[key] = f"wrapped {outer}" if via else "wrapped"
+        self.watched(key, f"wrapped {outer}" if via else "wrapped")
         slot = (id(owner), attr)
         if slot in self.slots:                       # another target of the same function
             self.slots[slot].append((key, via))
@@ -196,35 +266,119 @@ class _Tracer:
 
     def _wrapper(self, func: Any, kind: Any, owner: Any, attr: str, raw: Any,
                  keys: list) -> Any:
+        """Records each call until one returned, then puts the original back."""
         tracer, armed = self, [True]
 
         @functools.wraps(func)
         def traced(*args: Any, **kwargs: Any) -> Any:
+            if not armed[0]:
+                return func(*args, **kwargs)
+            tracer.called(keys)
+            try:
+                result = func(*args, **kwargs)
+            except BaseException as exc:
+                tracer.called(keys, raised=exc)
+                raise
             if armed[0]:
                 armed[0] = False
-                tracer.first_call(keys, owner, attr, raw)
-            return func(*args, **kwargs)
+                tracer.first_return(keys, owner, attr, raw)
+            return result
 
         traced.__patchset_traced__ = True            # type: ignore[attr-defined]
         return kind(traced) if kind else traced
 
-    def first_call(self, keys: list, owner: Any, attr: str, raw: Any) -> None:
+    def called(self, keys: list, raised: BaseException | None = None) -> None:
+        for key, via in list(keys):
+            self.hit(key, via, raised=raised)
+
+    def first_return(self, keys: list, owner: Any, attr: str, raw: Any) -> None:
         try:
             setattr(owner, attr, raw)                # the original back: no cost from now
             self.slots.pop((id(owner), attr), None)
         except BaseException:  # noqa: BLE001
             pass
         for key, via in list(keys):
-            self.hit(key, via)
+            self.hit(key, via, returned=True)
+
+    def _wrap_forward(self, module: Any, qualname: str, key: str) -> None:
+        """The forward entry: wrapped for good (one frame per batch, against a forward of
+        milliseconds), counting each call that returned per mode."""
+        owner, attr = _owner(module, qualname)
+        raw = getattr(owner, attr, None) if owner is not None else None
+        if raw is None or not callable(raw) or getattr(raw, "__patchset_traced__", False):
+            self._unwatchable(key, f"{qualname} not found in {module.__name__}")
+            return
+        tracer = self
+
+        @functools.wraps(raw)
+        def forward(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            mode = forward_mode(runner, args[0] if args else kwargs.get("forward_batch"))
+            previous = getattr(tracer.local, "mode", None)
+            tracer.enter_forward(mode)
+            try:
+                result = raw(runner, *args, **kwargs)
+            finally:
+                tracer.local.mode = previous
+            tracer.forward_returned(mode)
+            return result
+
+        forward.__patchset_traced__ = True           # type: ignore[attr-defined]
+        setattr(owner, attr, forward)
+        self.watched(key, "forward entry")
+
+    # ------------------------------------------------------------ forward passes
+
+    def enter_forward(self, mode: str) -> None:
+        try:
+            self.local.mode = mode
+            with self.lock:
+                new = mode not in self.forwards and len(self.forwards) < MAX_MODES
+                if new:
+                    self.forwards[mode] = {"first": None, "last": None, "count": 0}
+                    self._rearm()
+        except BaseException as exc:  # noqa: BLE001
+            self.note(f"forward {mode}: {type(exc).__name__}: {exc}")
+
+    def forward_returned(self, mode: str) -> None:
+        """Count it; write at counts 1, 2, 4, ... and after a target became watched."""
+        try:
+            with self.lock:
+                entry = self.forwards.get(mode)
+                if entry is None:
+                    return
+                entry["count"] += 1
+                count, last = entry["count"], entry["last"] or 0.0
+                due = count & (count - 1) == 0 or last < self.changed
+                if due:
+                    now = round(time.time(), 3)
+                    entry["first"] = entry["first"] or now
+                    entry["last"] = now
+            if due:
+                self.write()
+        except BaseException as exc:  # noqa: BLE001
+            self.note(f"forward {mode}: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------ records
 
-    def hit(self, key: str, via: str | None = None) -> None:
+    def hit(self, key: str, via: str | None = None, returned: bool = False,
+            raised: BaseException | None = None) -> None:
+        """Record an entry (or a return, or a raise) of a target, once per kind and per
+        forward mode."""
         try:
+            mode = getattr(self.local, "mode", None) or OUTSIDE
             with self.lock:
-                if key in self.hits:
+                entry = self.hits.get(key)
+                if entry is None:
+                    entry = self.hits[key] = {"first": round(time.time(), 3), "via": via,
+                                              "returned": None, "raised": None, "modes": {}}
+                elif not _news(entry, mode, returned, raised):
                     return
-                self.hits[key] = {"first": round(time.time(), 3), "via": via}
+                now = round(time.time(), 3)
+                entry["modes"].setdefault(mode, now)
+                if returned and entry["returned"] is None:
+                    entry["returned"] = now
+                if raised is not None and entry["raised"] is None:
+                    entry["raised"] = type(raised).__name__[:64]
             self.write()
         except BaseException as exc:  # noqa: BLE001
             self.note(f"recording {key}: {type(exc).__name__}: {exc}")
@@ -240,8 +394,10 @@ class _Tracer:
             "python": ".".join(map(str, sys.version_info[:3])),
             "mode": "sys.monitoring" if self.monitoring else "wrap",
             "started_with": (self.started_with or "")[:4096] or None,
-            "targets": {f"{m}:{q}": p for (m, q), p in self.targets.items()},
-            "watched": dict(self.found), "hits": dict(self.hits),
+            "targets": {_key(m, q): p for (m, q), p in self.targets.items()},
+            "watched": {k: dict(v) for k, v in self.found.items()},
+            "hits": {k: dict(v, modes=dict(v["modes"])) for k, v in self.hits.items()},
+            "forward": {k: dict(v) for k, v in self.forwards.items() if v["count"]},
             "unavailable": list(self.unavailable), "written": round(time.time(), 3)}
 
     def write(self) -> None:
@@ -260,6 +416,24 @@ class _Tracer:
         except BaseException as exc:  # noqa: BLE001 - a full disk must not stop a server
             if len(self.unavailable) < 32:
                 self.unavailable.append(f"cannot write the record: {exc}"[:MAX_TEXT])
+
+
+def _key(module: str, qualname: str) -> str:
+    return f"{module}:{qualname}"
+
+
+def _pending(module: str) -> dict:
+    """A target's watch state before its module is imported."""
+    if module.startswith(KERNEL):
+        return {"how": None, "at": None,
+                "why": "a compiled kernel: its Python body never runs, no call can be seen"}
+    return {"how": None, "at": None, "why": "not imported in this process"}
+
+
+def _news(entry: dict, mode: str, returned: bool, raised: BaseException | None) -> bool:
+    """Does this event add anything to the target's record?"""
+    return (mode not in entry["modes"] or (returned and entry["returned"] is None)
+            or (raised is not None and entry["raised"] is None))
 
 
 class _Finder:

@@ -102,6 +102,19 @@ def trace(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         raise typer.Exit(code)
 
 
+def _trace_row(row) -> str:
+    """`ran`, `raised X`, `entered` (never returned), `watched` (not called) or
+    `unwatched`, then the target, the modes it ran in and its patches."""
+    mark = "ran" if row.ran else f"raised {row.raised}" if row.raised else \
+        "entered" if row.first is not None else "watched" if row.watched else "unwatched"
+    via = f" via {row.via}" if row.via else ""
+    modes = f" in {'/'.join(m if m != '-' else 'no forward' for m in row.modes)}" \
+        if row.modes else ""
+    why = f" ({row.why})" if not row.watched and row.why else ""
+    owner = ",".join(p.split(":")[0] for p in row.patches)
+    return f"{mark} {row.target}{via}{modes}  [{owner}]{why}"
+
+
 def _render_trace(report, views) -> None:
     console = term()
     for host in report.hosts:
@@ -113,16 +126,17 @@ def _render_trace(report, views) -> None:
             console.print(f"  not traced: {esc(v.why)}; states are declared only")
         for proc in v.processes:
             ran = sum(r.ran for r in proc.targets)
+            forwards = ", ".join(f"{n} {m}" for m, n in proc.forwards.items()) or "none"
             console.print(f"  pid {proc.pid} {proc.title} ({proc.mode}): {ran} of "
-                          f"{len(proc.targets)} targets ran", markup=False)
+                          f"{len(proc.targets)} targets ran; forward passes: {forwards}",
+                          markup=False)
             for row in proc.targets:
-                mark = "ran " if row.ran else "    "
-                via = f" via {row.via}" if row.via else ""
-                owner = ",".join(p.split(":")[0] for p in row.patches)
-                console.print(f"    {mark}{row.target}{via}  [{owner}]", markup=False)
+                console.print(f"    {_trace_row(row)}", markup=False)
             for why in proc.unavailable:
                 console.print(f"    [yellow]unavailable: {esc(why)}[/yellow]")
         for p in v.patches:
+            if p.observation:
+                console.print(f"  {p.patch}: {p.observation}", markup=False)
             if p.contradiction:
                 console.print(f"  [red]{esc(p.patch)}: {esc(p.contradiction)}[/red]: "
                               f"{esc(p.reason)}")

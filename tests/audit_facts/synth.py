@@ -172,26 +172,44 @@ def _server(s: dict, desc: dict) -> dict:
 
 
 def _trace(s: dict, desc: dict) -> dict:
-    """The tracer's records (patchset/agent/tracer.py) for `trace:` of a server: a list of
-    {pid, title, watch: {target: [patch name...]}, ran: [target...]}; a patch name is
-    written `name:sha12` with the sha of the series (as the tracer's PATCHSET_TRACE has it)."""
+    """The tracer's records (patchset/agent/tracer.py, format 2) for `trace:` of a server:
+    a list of {pid, title, watch: {target: [patch name...]}, ran: [target...] (a call
+    returned; `ran_in: {target: [mode...]}` says in which forward modes, else outside any),
+    entered: [target...] (entered, never returned), raised: {target: ExcType}, via:
+    {target: outer}, unwatched: [target...], forward: {mode: count}, format (2)}; every
+    target is watched from t0 (+ watched_at), forwards returned at t0 + 50; a patch name is written
+    `name:sha12` with the sha of the series (as the tracer's PATCHSET_TRACE has it)."""
+    t0 = 1_795_100_000.0
     files = {}
     for proc in s["trace"]:
         targets = {t: [_word(n, desc) for n in names] for t, names in proc["watch"].items()}
-        hits = {t: {"first": 1_795_100_000.0 + i, "via": None}
-                for i, t in enumerate(proc.get("ran", []))}
+        hits = {}
+        for i, t in enumerate(proc.get("ran", []) + proc.get("entered", [])):
+            returned = t in proc.get("ran", [])
+            hits[t] = {"first": t0 + 10 + i, "returned": t0 + 11 + i if returned else None,
+                       "raised": (proc.get("raised") or {}).get(t),
+                       "via": (proc.get("via") or {}).get(t),
+                       "modes": {m: t0 + 10 + i for m in (proc.get("ran_in") or {}).get(
+                           t, ["-"])}}
+        unwatched = set(proc.get("unwatched", []))
+        watched = {t: {"how": None, "at": None, "why": "not imported in this process"}
+                   if t in unwatched else {"how": "wrapped",
+                                           "at": t0 + proc.get("watched_at", 0), "why": None}
+                   for t in targets}
+        forward = {m: {"first": t0 + 50, "last": t0 + 50, "count": n}
+                   for m, n in (proc.get("forward") or {}).items()}
         files[f"{proc['pid']}.json"] = {
-            "format": 1, "pid": proc["pid"], "ppid": s["pid"], "title": proc.get("title"),
-            "role": "decode", "python": "3.11.7", "mode": "wrap",
+            "format": proc.get("format", 2), "pid": proc["pid"], "ppid": s["pid"],
+            "title": proc.get("title"), "role": "decode", "python": "3.11.7", "mode": "wrap",
             "started_with": s.get("env", {}).get("PATCHSET_PATCHES"), "targets": targets,
-            "watched": {t: "wrapped" for t in targets}, "hits": hits,
-            "unavailable": proc.get("unavailable", []), "written": 1_795_100_100.0}
+            "watched": watched, "hits": hits, "forward": forward,
+            "unavailable": proc.get("unavailable", []), "written": t0 + 100}
     return _rec("trace-dir", "read /run/patchset-trace/decode/*.json", json.dumps(files),
                 files=len(files))
 
 
 def _word(name: str, desc: dict) -> str:
-    return name if name == "~work" or ":" in name else f"{name}:{desc['_sha'][name][:12]}"
+    return name if name.startswith("~") or ":" in name else f"{name}:{desc['_sha'][name][:12]}"
 
 
 def _checkpoint(c: dict) -> dict:

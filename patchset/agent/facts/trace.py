@@ -14,13 +14,15 @@ from .base import Command, Fact, Unavailable, ok_output
 
 MAX_FILES = 256
 MAX_BYTES = 256 << 10
-FIELDS = ("pid", "ppid", "title", "role", "python", "mode", "started_with", "targets",
-          "watched", "hits", "unavailable", "written")
+FIELDS = ("format", "pid", "ppid", "title", "role", "python", "mode", "started_with",
+          "targets", "watched", "hits", "forward", "unavailable", "written")
 
 
 class TraceRecords(Fact):
-    """PATCHSET_TRACE_DIR -> [record per process] (`pid`, `title`, `hits`: target ->
-    {first, via}, `targets`: target -> [name:sha12], `unavailable`: [why])."""
+    """PATCHSET_TRACE_DIR -> [record per process] (`pid`, `title`, `format`, `hits`:
+    target -> {first, returned, raised, via, modes}, `targets`: target -> [name:sha12],
+    `watched`: target -> {how, at, why}, `forward`: mode -> {first, last, count},
+    `unavailable`: [why]); typed by auditor/observed.py."""
 
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("trace-dir", target=path, limit=MAX_BYTES)

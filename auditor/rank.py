@@ -201,7 +201,8 @@ def _patch_suspect(ctx: AuditContext, symptom: Symptom, patch: Patch, access: Ac
             if score > best:
                 where = f"{host.host}/{st.server}" if st.server else host.host
                 best = score
-                best_why = (f"{st.state}{' (observed: it ran)' if seen else ''} "
+                best_why = (f"{st.state}{' (unverified)' if st.state == 'unknown' else ''}"
+                            f"{' (observed: it ran)' if seen else ''} "
                             f"in {where}, which runs {'/'.join(served)} "
                             f"(symptom weight {w_path:g}): {st.reason}")
     if best <= 0:

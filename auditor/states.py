@@ -233,6 +233,10 @@ class Evaluator:
             return self._make(patch, "inert", false[0], conds)
         if unknown:
             return self._make(patch, "unknown", "unknown " + "; ".join(unknown), conds)
+        from .guards import undeclared        # a call-path test no requires declares
+        guarded = undeclared(self.series, patch, self.ctx)
+        if guarded:
+            return self._make(patch, "unknown", guarded, conds)
         gate = f"gate {patch.gate.env}={patch.gate.on} on, " if patch.gate else "unconditional, "
         return self._make(patch, "active", f"{gate}{len(patch.requires)} condition(s) hold "
                           f"in {srv.id}", conds)

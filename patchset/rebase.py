@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from . import api, interop
+from . import api, guards, interop
 from .errors import Exit, PatchsetError, UsageError
 from .manifest import load_series
 from .model import Patch, Series, UpstreamPin
@@ -88,6 +88,7 @@ class RebaseResult:
     patches: tuple[PatchOutcome, ...]
     written: tuple[str, ...] = ()   # relative to the manifest's directory
     removed: tuple[str, ...] = ()
+    guards: tuple[guards.GuardChange, ...] = ()   # per carried patch, on the new release
 
     @property
     def exit_code(self) -> int:
@@ -143,6 +144,8 @@ def rebase(series: Series, ref: str, dry_run: bool = False, progress: Progress |
     new_base = provision(new_pin, cache, progress, offline)
     moved = _move_series(series, old_base, new_base, new_pin, progress)
     ok = not any(m.outcome.outcome in ("conflict", "blocked") for m in moved)
+    with progress.task(f"derive the call-path guards on {_label(new_pin)}", None):
+        changes = _guard_changes(series, old_base, new_base, new_pin, moved, cache)
     plan = _plan(series, new_pin, moved) if ok else _Plan()
     if ok and (plan.writes or plan.removes):
         with progress.task(f"validate the series on {new_pin.name} {new_pin.version}", None):
@@ -155,7 +158,24 @@ def rebase(series: Series, ref: str, dry_run: bool = False, progress: Progress |
         manifest=series.manifest, old=_label(series.upstream), new=_label(new_pin),
         upstream=dataclasses.asdict(new_pin), dry_run=dry_run, ok=ok,
         changed=bool(plan.writes or plan.removes), patches=outcomes,
-        written=tuple(sorted(plan.writes)), removed=plan.removes)
+        written=tuple(sorted(plan.writes)), removed=plan.removes, guards=changes)
+
+
+def _guard_changes(series: Series, old_base: BaseTree, new_base: BaseTree,
+                   new_pin: UpstreamPin, moved: list[_Moved], cache: Path
+                   ) -> tuple[guards.GuardChange, ...]:
+    """Each carried patch's call-path guards, re-derived on the new release (the carried
+    patches replayed there in order, as written), against the old pin's: which appeared,
+    vanished or moved. A guard that moved is a condition the `requires` may cite by line."""
+    carried = [m for m in moved if m.text is not None]
+    if not carried:
+        return ()
+    old = guards.stored(series, old_base, cache) or {}
+    new = guards.derive_texts(guards.load_tree(new_base, new_pin),
+                              [(m.patch.name, m.text, m.patch.trace) for m in carried],
+                              new_pin.git_prefix)
+    return tuple(guards.compare(old[m.patch.name], new[m.patch.name]) for m in carried
+                 if m.patch.name in old and m.patch.name in new)
 
 
 def _label(pin: UpstreamPin) -> str:

@@ -228,6 +228,33 @@ def blob_reader(base: BaseTree) -> Callable[[str], bytes | None]:
     return read
 
 
+def tree_files(base: BaseTree, prefix: str, suffix: str = ".py") -> dict[str, bytes]:
+    """Every file under `prefix` whose name ends in `suffix`, git path -> bytes, at the
+    base commit: one `ls-tree` and one `cat-file --batch` for all of them (the call-path
+    guards read the whole package; one process per file would cost seconds)."""
+    listing = _git(["--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", base.commit,
+                    "--", prefix], base.repo, strip=False)
+    wanted: list[tuple[str, str]] = []
+    for record in filter(None, listing.split("\0")):
+        meta, path = record.split("\t", 1)
+        _mode, kind, oid = meta.split()
+        if kind == "blob" and path.endswith(suffix):
+            wanted.append((oid, path))
+    proc = subprocess.run(["git", *_GIT_OPTS, "cat-file", "--batch"], cwd=base.repo,
+                          env=_hermetic_env(), capture_output=True,
+                          input="".join(f"{oid}\n" for oid, _ in wanted).encode())
+    if proc.returncode:
+        raise UpstreamError(f"git cat-file failed: {_last_line(proc.stderr)}")
+    out, at = {}, 0
+    data = proc.stdout
+    for _oid, path in wanted:
+        end = data.index(b"\n", at)
+        size = int(data[at:end].split()[2])
+        out[path] = data[end + 1:end + 1 + size]
+        at = end + 1 + size + 1
+    return out
+
+
 def pin_for_version(
     pin: UpstreamPin,
     version: str,

@@ -329,3 +329,33 @@ def test_manifest_edits_keep_layout_and_the_loader_takes_upstreamed(pinned_pin, 
     with pytest.raises(ManifestError, match=r"upstreamed\[2\]\.name: 'default-thinking-"
                                             r"reasoning' is in series: too"):
         load_series(tmp_path / "patches.yaml")
+
+
+def test_the_carried_patches_guards_are_derived_again_on_the_new_release(new_base, tmp_path,
+                                                                          capsys):
+    """0.5.15 moves hc_pre's tests up 77 lines and adds an MoE all-to-all test on its
+    path; the indexer's and the chat's tests move; nothing vanishes."""
+    manifest = real_copy(tmp_path / "real", drop=CONFLICTING)
+    result = rebase(load_series(manifest), NEW, dry_run=True)
+    changes = {c.patch: c for c in result.guards}
+    assert set(changes) == {"default-thinking-reasoning", "triton-dsa-indexer",
+                            "indexer-bf16-gemm", "mhc-bf16"}
+    assert not any(c.vanished for c in changes.values())
+    mhc = changes["mhc-bf16"]
+    assert {(a.fact, a.line, b.line) for a, b in mhc.moved} == {
+        ("env.SGLANG_OPT_USE_TILELANG_MHC_PRE", 1326, 1249),
+        ("env.SGLANG_OPT_USE_AITER_MHC_PRE", 1348, 1271),
+        ("env.SGLANG_OPT_DEEPGEMM_HC_PRENORM", 1364, 1287)}
+    assert {(g.fact, g.where.rsplit("/", 1)[1]) for g in mhc.appeared} == {
+        ("server.moe_a2a_backend", "operations_strategy.py:187"),
+        ("server.speculative_moe_a2a_backend", "operations_strategy.py:187")}
+    indexer = {(a.fact, a.line, b.line) for a, b in changes["triton-dsa-indexer"].moved}
+    assert ("env.SGLANG_OPT_USE_TILELANG_INDEXER", 636, 779) in indexer
+    assert not changes["triton-dsa-indexer"].appeared
+    code, out, err = cli(capsys, "rebase", "--onto", NEW, "--dry-run", "--series",
+                         str(manifest))
+    assert code == 0, err
+    dsv4 = "python/sglang/srt/models/deepseek_v4.py"
+    assert (f"mhc-bf16: guard moved: env.SGLANG_OPT_USE_TILELANG_MHC_PRE in "
+            f"DeepseekV4DecoderLayer.hc_pre {dsv4}:1326 -> {dsv4}:1249") in out
+    assert "mhc-bf16: guard appeared: server.moe_a2a_backend at python/sglang/srt/" in out

@@ -577,7 +577,13 @@ def _hunk(old: int, new: int, body: list[tuple[bytes, bytes]]) -> Hunk:
 
 
 def _apply_file(file: Path, patch: FilePatch) -> bytes | None:
-    old = _read_regular(file)
+    return apply_bytes(_read_regular(file), patch)
+
+
+def apply_bytes(old: bytes | None, patch: FilePatch) -> bytes | None:
+    """What `patch` makes of the file content `old` (None: absent), exactly as the exact
+    applier puts it in a tree; Inexact where it does not apply there exactly. Pure: the
+    call-path guards (patchset/guards.py) rebuild post-images in memory with it."""
     if (old is None) != (patch.kind == "new"):
         raise Inexact("the file is there to create, or missing to change")
     image = split_lines(old or b"")

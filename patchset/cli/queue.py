@@ -55,16 +55,23 @@ def _patch_json(p) -> dict:
 @app.command()
 def show(name: str, series: Optional[Path] = SeriesOpt,
          as_json: bool = JsonOpt) -> None:
-    """Show one patch: metadata, header, files with diffstat, highlighted diff."""
+    """Show one patch: metadata, header, the guards on its call path (and what covers
+    each), files with diffstat, highlighted diff."""
     from ..api import show as show_patch
-    view = show_patch(load(series), name)
+    from ..guards import for_patch
+    s = load(series)
+    view = show_patch(s, name)
+    guards = for_patch(s, name)          # from the cache: `show` never downloads the pin
     if as_json:
-        emit_json({**_patch_json(view.patch), "diff": view.diff})
+        emit_json({**_patch_json(view.patch), "diff": view.diff,
+                   "guards": None if guards is None else [
+                       {**c.guard.to_json(), "covered_by": c.by} for c in guards[0]],
+                   "guard_notes": None if guards is None else list(guards[1])})
         return
-    _render_show(view)
+    _render_show(view, guards)
 
 
-def _render_show(view) -> None:
+def _render_show(view, guards) -> None:
     from rich.syntax import Syntax
     console = term()
     p = view.patch
@@ -75,6 +82,15 @@ def _render_show(view) -> None:
         console.print(f"{key}: {value}", markup=False)
     for req in p.requires:
         console.print(f"requires {req.fact} {req.op} {req.value!r}  {req.why}", markup=False)
+    if guards is None:
+        console.print("guards: not derived: the pinned base is not in the cache (run "
+                      "`patchset provision`)", markup=False)
+    else:
+        console.print(f"guards: {len(guards[0])} condition(s) on its call path in the pin",
+                      markup=False)
+        for c in guards[0]:
+            console.print("  " + _guard_line(c.guard) + "  " + (
+                f"covered: {c.by}" if c.by else "NOT COVERED"), markup=False)
     total_add = sum(c.added for c in p.files)
     total_del = sum(c.removed for c in p.files)
     for c in p.files:
@@ -96,12 +112,35 @@ def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
     s = load(series)
     base = provision(s.upstream, progress=RichProgress(), offline=offline)
     report = api.check(s, blob_reader(base), f"{base.commit} ({base.source})", exhaustive)
+    from ..guards import stored, uncovered
+    derived = stored(s, base=base)
+    missing = uncovered(s, derived or {})
     if as_json:
-        emit_json({"ok": report.ok, **asdict(report)})
+        emit_json({"ok": report.ok, **asdict(report), "guards": {
+            "derived": sum(len(g.guards) for g in (derived or {}).values()),
+            "uncovered": [{"patch": name, **g.to_json()} for name, g in missing]}})
     else:
         _render_check(report)
+        _render_uncovered(missing)
     if not report.ok:
         raise typer.Exit(Exit.FINDINGS)
+
+
+def _render_uncovered(missing) -> None:
+    """Information, not a failure: a guard is derived by name from the pinned code (a
+    platform branch, a speculative-decoding setting); the audit makes a patch `unknown`
+    where one of them runs at another value than the pin's default."""
+    console = term()
+    console.print(f"guards not covered by requires or gate: {len(missing)} (information; "
+                  "`patchset show NAME` lists each patch's)", markup=False)
+    for name, g in missing:
+        console.print(f"  {name}: {_guard_line(g)}", markup=False)
+
+
+def _guard_line(g) -> str:
+    default = (f"default {g.default!r}" if g.has_default else
+               "set at startup" if g.parse == "startup" else "no default")
+    return f"{g.fact} at {g.where} in {g.function} (hop {g.hops}): {g.condition} [{default}]"
 
 
 def _render_check(report) -> None:

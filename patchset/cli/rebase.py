@@ -53,7 +53,26 @@ def _render(result) -> None:
                           f"{start + max(count, 1) - 1} of {result.new} (lines "
                           f"{hunk.lines[0]}-{hunk.lines[1]} of the merge)", markup=False)
             console.print(hunk.text, markup=False, end="")
+    _render_guards(console, result)
     say(_summary(result))
+
+
+def _render_guards(console, result) -> None:
+    """The carried patches' call-path guards on the new release: which appeared,
+    vanished or moved (file:line), so the `requires` that cite them can follow."""
+    same = [c.patch for c in result.guards if not c.changed]
+    for c in result.guards:
+        for g in c.appeared:
+            console.print(f"{c.patch}: guard appeared: {g.fact} at {g.where} in "
+                          f"{g.function}: {g.condition}", markup=False)
+        for g in c.vanished:
+            console.print(f"{c.patch}: guard vanished: {g.fact} (was at {g.where} in "
+                          f"{g.function})", markup=False)
+        for old, new in c.moved:
+            console.print(f"{c.patch}: guard moved: {new.fact} in {new.function} "
+                          f"{old.where} -> {new.where}", markup=False)
+    if same:
+        console.print(f"guards unchanged on {result.new}: {', '.join(same)}", markup=False)
 
 
 def _summary(result) -> str:

@@ -143,6 +143,10 @@ class Evaluator:
                 return replace(st, state="active", evidence="observed", ran=obs.ran,
                                declared=st.state, contradiction="inert-but-ran", modes=modes,
                                reason=f"declared {st.state} ({st.reason}), but it ran: {ran}")
+            if st.state == "unknown":        # a fact or an undeclared guard: it ran
+                return replace(st, state="active", evidence="observed", ran=obs.ran,
+                               declared="unknown", modes=modes,
+                               reason=f"declared unknown ({st.reason}), but it ran: {ran}")
             return replace(st, evidence="observed", ran=obs.ran, modes=modes,
                            reason=f"{st.reason}; observed: {ran}")
         if obs.observed_not_run:

@@ -76,7 +76,7 @@ SUB_TAGS: dict[str, tuple[str, ...]] = {
     "pinned-base": ("version", "files"),
     "imported-tree": ("inventory-python",),
     "stale-process": ("apply", "changed", "daemon-reload"),
-    "trace": ("inert-but-ran", "declared-active-not-run", "unavailable"),
+    "trace": ("inert-but-ran", "declared-active-not-run", "path-disagrees", "unavailable"),
     "gate-env": ("children", "process", "unused"),
     "gpu-arch": ("device-order", "patches"),
     "pd-consistency": (),

@@ -41,6 +41,7 @@ ENV_GETTERS = {"get_bool_env_var": ("sglang-bool", "false"), "get_int_env_var": 
 SERVER_GETTERS = ("get_global_server_args",)
 SERVER_DICTS = ("global_server_args_dict",)
 REGISTER = re.compile(r"register_(\w+)")
+ENV_SET = re.compile(r"\benvs\.([A-Z_][A-Z0-9_]*)\.set\(")
 SERVER_ASSIGN = re.compile(r"\bserver_args\.([a-z_][a-z0-9_]*)\s*(?:=(?!=)|\+=)")
 TEST_WIDTH = 120
 
@@ -88,6 +89,7 @@ class Defaults:
     server: dict[str, tuple[Any, bool]] = field(default_factory=dict)    # (default, known)
     choices: dict[str, frozenset[str]] = field(default_factory=dict)     # field -> its choices
     rewritten: frozenset[str] = frozenset()     # fields SGLang itself sets at startup
+    envs_set: frozenset[str] = frozenset()      # envs.X the startup code .set()s itself
 
 
 # ---------------------------------------------------------------- the tree
@@ -283,7 +285,18 @@ def read_defaults(tree: SourceTree) -> Defaults:
             found = _choices(stmt.annotation, args_mod)
             if found:
                 choices[stmt.target.id] = found
-    return Defaults(envs, server, choices, _rewritten(tree, cls) & frozenset(server))
+    return Defaults(envs, server, choices, _rewritten(tree, cls) & frozenset(server),
+                    _envs_set(tree) & frozenset(envs))
+
+
+def _envs_set(tree: SourceTree) -> frozenset[str]:
+    """`envs.X.set(...)` in the server's startup code (server_args.py, arg_groups/): e.g.
+    the sm_120 hook turns SGLANG_OPT_USE_TILELANG_MHC_PRE off whatever the environment
+    said (server_args.py:3796), so the pin's default is not what such a server runs with:
+    the platform decides it, not the variable."""
+    startup = (tree.root + "srt/server_args.py", tree.root + "srt/arg_groups/")
+    return frozenset(name for path, text in tree.files.items() if path.startswith(startup)
+                     for name in ENV_SET.findall(text))
 
 
 def _rewritten(tree: SourceTree, cls: ast.AST | None) -> frozenset[str]:
@@ -552,6 +565,8 @@ class Walk:
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             if _name(node.value) == "envs" and node.attr in self.defaults.envs:
                 parse, value, known = self.defaults.envs[node.attr]
+                if node.attr in self.defaults.envs_set:
+                    return Read(f"env.{node.attr}", "env", "startup", value, False)
                 return Read(f"env.{node.attr}", "env", parse, value, known)
             if _server_args(node.value) and node.attr in self.defaults.server:
                 return self._server(node.attr)

@@ -14,7 +14,7 @@ from auditor.states import evaluate_host
 from patchset import guards
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
-MHC_TEST = "python/sglang/srt/models/deepseek_v4.py:1326"
+SPARSE_TEST = "python/sglang/srt/layers/attention/deepseek_v4_backend.py:1402"
 
 
 @pytest.fixture()
@@ -43,20 +43,30 @@ def test_the_seed_deployment_is_as_declared(series, seed, derived) -> None:
 
 def test_a_non_default_undeclared_env_in_one_role_makes_it_unknown_there(series, seed,
                                                                           derived) -> None:
-    server(seed, D)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = "0"
+    """SGLANG_OPT_FLASHMLA_SPARSE_PREFILL (default false) sends extend batches away from
+    mma-splitk-decode's entry; nothing declares it."""
+    server(seed, D)["env"]["SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"] = "1"
     st = states(series, seed)
-    assert st[(D, "mhc-bf16")].state == "unknown"
-    assert st[(D, "mhc-bf16")].reason == (
-        f"undeclared guard SGLANG_OPT_USE_TILELANG_MHC_PRE=0 ({MHC_TEST})")
-    assert st[(P, "mhc-bf16")].state == "active"
-    assert st[(D, "triton-dsa-indexer")].state == "active"      # not on its path
+    assert st[(D, "mma-splitk-decode")].state == "unknown"
+    assert st[(D, "mma-splitk-decode")].reason == (
+        f"undeclared guard SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 ({SPARSE_TEST})")
+    assert st[(P, "mma-splitk-decode")].state == "gated-off"      # its own state there
+    assert st[(D, "mhc-bf16")].state == "active"                  # not on its path
 
 
-@pytest.mark.parametrize("value", ["1", "True", "yes", "maybe"])
+@pytest.mark.parametrize("value", ["0", "False", "no", "maybe"])
 def test_the_default_spelt_any_way_sglang_reads_it_changes_nothing(series, seed, derived,
                                                                    value) -> None:
-    """EnvBool: 1/true/yes/y are True (the default here), a bad value reads the default."""
-    server(seed, D)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = value
+    """EnvBool: 0/false/no/n are False (the default here), a bad value reads the default."""
+    server(seed, D)["env"]["SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"] = value
+    assert states(series, seed)[(D, "mma-splitk-decode")].state == "active"
+
+
+def test_an_env_the_startup_hook_sets_itself_is_not_judged(series, seed, derived) -> None:
+    """On sm_120 the server's startup turns SGLANG_OPT_USE_TILELANG_MHC_PRE off whatever
+    the environment says (server_args.py:3796): the scheduler inherits `False`, which is
+    what makes mhc-bf16 run there. No default to judge it by: mhc-bf16 stays active."""
+    server(seed, D)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = "False"
     assert states(series, seed)[(D, "mhc-bf16")].state == "active"
 
 
@@ -86,18 +96,20 @@ def test_server_args_off_default_and_fields_set_at_startup(series, seed, derived
 def test_without_guards_the_state_is_the_declared_one(series, seed, monkeypatch) -> None:
     monkeypatch.setattr(audit_guards, "_DERIVED", {})
     audit_guards.use(series, None)
-    server(seed, D)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = "0"
-    assert states(series, seed)[(D, "mhc-bf16")].state == "active"
+    server(seed, D)["env"]["SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"] = "1"
+    assert states(series, seed)[(D, "mma-splitk-decode")].state == "active"
 
 
 def test_the_ranking_says_the_suspect_is_unverified(series, seed, derived) -> None:
-    for unit in (P, D):
-        server(seed, unit)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = "false"
-    sym = api.evaluate(series, [synth.facts(seed, series)], "context-loss").symptom
-    mhc = next(s for s in sym.suspects if s.name == "mhc-bf16")
-    assert mhc.reasons[1].startswith(f"unknown (unverified) in gpu1/{P}, which runs prefill")
-    assert mhc.reasons[1].endswith(
-        f"undeclared guard SGLANG_OPT_USE_TILELANG_MHC_PRE=false ({MHC_TEST})")
-    # tier 1 x path 1 x unknown 0.5; the checkpoint-dtypes finding that multiplied the
-    # active patch's 1.0 by 1.5 in the seed implicates active patches only
-    assert mhc.score == 0.5
+    def suspect(desc):
+        sym = api.evaluate(series, [synth.facts(desc, series)], "context-loss").symptom
+        return next(s for s in sym.suspects if s.name == "mma-splitk-decode")
+
+    declared = suspect(seed)
+    server(seed, D)["env"]["SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"] = "true"
+    unverified = suspect(seed)
+    reason = next(r for r in unverified.reasons if "unverified" in r)
+    assert reason.startswith(f"unknown (unverified) in gpu1/{D}")
+    assert reason.endswith(
+        f"undeclared guard SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=true ({SPARSE_TEST})")
+    assert unverified.score < declared.score

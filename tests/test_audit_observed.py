@@ -289,18 +289,18 @@ def test_a_path_tag_is_checked_against_the_modes_it_ran_in(series, seed) -> None
 def test_an_unknown_state_whose_code_ran_is_active_observed(series, seed, pinned_base,
                                                            monkeypatch) -> None:
     """Unknown (here: an undeclared call-path guard off its default,
-    SGLANG_OPT_USE_TILELANG_MHC_PRE=0 where the pin's default is true) is asserted, not
+    SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 where the pin's default is false) is asserted, not
     known; a call that returned settles it: active, observed, declared unknown."""
     from auditor import guards as audit_guards
     from patchset import guards
     monkeypatch.setattr(audit_guards, "_DERIVED", {})
     audit_guards.use(series, guards.stored(series, pinned_base))
     declared = traced(seed, series, [], work=False)
-    decode(declared)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = "0"
-    before = state(series, declared, "mhc-bf16")
+    decode(declared)["env"]["SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"] = "1"
+    before = state(series, declared, "mma-splitk-decode")
     assert before.state == "unknown" and "undeclared guard" in before.reason, before.reason
-    desc = traced(seed, series, [MHC], ran_in={MHC: ["decode"]})
-    decode(desc)["env"]["SGLANG_OPT_USE_TILELANG_MHC_PRE"] = "0"
-    st = state(series, desc, "mhc-bf16")
+    desc = traced(seed, series, [SPLITK], ran_in={SPLITK: ["decode"]})
+    decode(desc)["env"]["SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"] = "1"
+    st = state(series, desc, "mma-splitk-decode")
     assert (st.state, st.evidence, st.declared) == ("active", "observed", "unknown")
-    assert "undeclared guard SGLANG_OPT_USE_TILELANG_MHC_PRE=0" in st.reason
+    assert "undeclared guard SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1" in st.reason

@@ -858,6 +858,300 @@ def test_bad_numerics_knobs_are_startup_errors(venv_python: str, tmp_path: Path,
     assert len([line for line in res.stderr.splitlines() if line.startswith("stand-in:")]) == 1
 
 
+# ---------------------------------------------------------------- where the forwards run
+
+
+# A stand-in for patchset's tracer (no patchset code): a sitecustomize on the servers'
+# PYTHONPATH whose meta-path finder wraps the loaders of the watched modules, records each
+# ModelRunner.forward that returns (pid, forward_mode.name, is_draft_worker) and each call
+# of the watched served-tree functions (pid, qualname), one line each, in $OBSERVE_LOG.
+OBSERVER = r"""
+import functools, importlib.abc, os, sys
+
+LOG = os.environ.get("OBSERVE_LOG")
+WATCH = {
+    "sglang.srt.model_executor.model_runner": ["ModelRunner.forward"],
+    "sglang.srt.model_executor.cuda_graph_config": ["default_cuda_graph_config", "PhaseConfig.__repr__"],
+    "sglang.srt.environ": ["EnvField.is_set"],
+}
+
+
+def record(line):
+    with open(LOG, "a") as fh:
+        fh.write(f"{os.getpid()} {line}\n")
+
+
+def wrap(owner, name, qualname):
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if qualname == "ModelRunner.forward":
+            record(f"forward {args[1].forward_mode.name} {args[0].is_draft_worker}")
+        else:
+            record(f"call {qualname}")
+        return out
+
+    setattr(owner, name, inner)
+
+
+class Loader:
+    def __init__(self, loader, name):
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        for qualname in WATCH[self.name]:
+            *path, last = qualname.split(".")
+            owner = module
+            for part in path:
+                owner = getattr(owner, part)
+            wrap(owner, last, qualname)
+
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name not in WATCH:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                assert hasattr(spec.loader, "exec_module"), name
+                spec.loader = Loader(spec.loader, name)
+                return spec
+        return None
+
+
+if LOG:
+    sys.meta_path.insert(0, Finder())
+"""
+
+# Standard-library-only served-tree code, one target form each (func, obj.attr.method, Class.method)
+DECODE_HOOK = "sglang.srt.model_executor.cuda_graph_config:default_cuda_graph_config"
+EXTEND_HOOK = "sglang.srt.environ:envs.SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.is_set"
+ANY_HOOK = "sglang.srt.model_executor.cuda_graph_config:PhaseConfig.__repr__"
+RAISES = "sglang.srt.environ:envs.SGLANG_OPT_USE_TILELANG_MHC_PRE.__bool__"  # EnvField.__bool__ raises
+
+
+class Observed:
+    """The observer's log of one server: what each process ran since the last look."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.seen = 0
+
+    def new(self) -> list[tuple[int, str, str]]:
+        """(pid, "forward" | "call", detail) lines written since the last call (a forward's
+        line is written before its scheduler answers, so before the HTTP answer)."""
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        fresh, self.seen = lines[self.seen:], len(lines)
+        return [(int(pid), kind, detail) for pid, kind, detail in (line.split(" ", 2) for line in fresh)]
+
+
+def observed_server(launch, tmp_path: Path, *args: str, env: dict | None = None,
+                    hooks: list | None = None) -> tuple[str, Running, Observed]:
+    """A server with the observer on its PYTHONPATH (and *hooks* as STANDIN_FORWARD_HOOKS)."""
+    obs = tmp_path / f"observer{len(list(tmp_path.glob('observer*')))}"
+    obs.mkdir()
+    (obs / "sitecustomize.py").write_text(OBSERVER)
+    environ = {"PYTHONPATH": str(obs), "OBSERVE_LOG": str(obs / "log"), **(env or {})}
+    if hooks is not None:
+        (obs / "hooks.json").write_text(json.dumps(hooks))
+        environ["STANDIN_FORWARD_HOOKS"] = str(obs / "hooks.json")
+    port = free_port()
+    run = launch("sglang.launch_server", "--model-path", MODEL, "--port", str(port), *args, env=environ,
+                 wait=f"http://127.0.0.1:{port}/health")
+    return f"http://127.0.0.1:{port}", run, Observed(obs / "log")
+
+
+def forwards(lines: list[tuple[int, str, str]], pid: int) -> list[str]:
+    return [detail for p, kind, detail in lines if p == pid and kind == "forward"]
+
+
+def calls(lines: list[tuple[int, str, str]], pid: int, qualname: str) -> int:
+    return sum(1 for p, kind, detail in lines if p == pid and kind == "call" and detail == qualname)
+
+
+def test_forward_modes_match_the_pinned_source(tree: Path) -> None:
+    """The stand-in's ForwardMode has the pinned members, names and values, and its
+    ModelRunner.forward the pinned signature (parsed from the tree, not imported)."""
+    from sglang_standin.forward_batch_info import ForwardMode
+
+    src = ast.parse((tree / "python/sglang/srt/model_executor/forward_batch_info.py").read_text())
+    cls = next(n for n in src.body if isinstance(n, ast.ClassDef) and n.name == "ForwardMode")
+    pinned = [s.targets[0].id for s in cls.body if isinstance(s, ast.Assign) and ast.unparse(s.value) == "auto()"]
+    assert [(m.name, m.value) for m in ForwardMode] == [(name, i) for i, name in enumerate(pinned, 1)]
+    assert pinned[:2] == ["EXTEND", "DECODE"] and len(pinned) == 9
+    assert [m.name for m in ForwardMode if m.is_extend()] == ["EXTEND", "MIXED", "TARGET_VERIFY", "SPLIT_PREFILL",
+                                                             "DLLM_EXTEND"]
+
+    def forward_args(path: Path) -> list[tuple[str, str | None]]:
+        mod = ast.parse(path.read_text())
+        fn = derive.find_funcdef(mod, "forward", within="ModelRunner")
+        defaults = [None] * (len(fn.args.args) - len(fn.args.defaults)) + [ast.unparse(d) for d in fn.args.defaults]
+        return [(a.arg, d) for a, d in zip(fn.args.args, defaults)]
+
+    ours = forward_args(PAYLOAD / "sglang_standin/model_runner.py")
+    assert ours == forward_args(tree / "python/sglang/srt/model_executor/model_runner.py")
+    assert ours[0] == ("self", None) and ours[1] == ("forward_batch", None) and len(ours) == 6
+
+
+def test_the_scheduler_runs_every_forward(launch, tmp_path: Path) -> None:
+    """Each TP rank's scheduler child -- never the main process -- runs ModelRunner.forward:
+    EXTEND per prefill chunk (64 tokens), DECODE per decode step, with the hooks of each mode;
+    the startup warmup and every health check run theirs (as 0.5.14's http_server.py does); a
+    cached prefix skips its chunks until /flush_cache; a 400 runs none.  The answers are the
+    toy model's, bit for bit."""
+    from sglang_standin import toy
+
+    hooks = [{"mode": "decode", "call": DECODE_HOOK}, {"mode": "extend", "call": EXTEND_HOOK},
+             {"mode": "any", "call": ANY_HOOK}]
+    base, run, seen = observed_server(launch, tmp_path, "--tp-size", "2", hooks=hooks)
+    kids = engine_children(run.proc.pid)
+    ranks = [kids["sglang::scheduler_TP0"], kids["sglang::scheduler_TP1"]]
+    start = seen.new()
+    assert {p for p, _, _ in start} == set(ranks)      # nothing in the main process or the detokenizer
+    for pid in ranks:  # warmup: "The capital city of France is" + BOS, 8 tokens; then one /health
+        assert forwards(start, pid) == ["EXTEND False"] + ["DECODE False"] * 7 + ["EXTEND False"]
+        assert calls(start, pid, "EnvField.is_set") == 2 and calls(start, pid, "default_cuda_graph_config") == 7
+
+    ids = prompts(4)[2]                                # 201 tokens: chunks of 64, 64, 64, 9
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 7, "ignore_eos": True},
+            "return_logprob": True, "logprob_start_len": 150}
+    first = gen(base, body)
+    lines = seen.new()
+    for pid in ranks:
+        assert forwards(lines, pid) == ["EXTEND False"] * 4 + ["DECODE False"] * 6
+        assert calls(lines, pid, "EnvField.is_set") == 4 and calls(lines, pid, "default_cuda_graph_config") == 6
+        assert calls(lines, pid, "PhaseConfig.__repr__") == 10
+    assert {p for p, _, _ in lines} == set(ranks)
+
+    want = toy.Runner().run(toy.Request(input_ids=ids, max_new_tokens=7, top_k=1, ignore_eos=True,
+                                        return_logprob=True, logprob_start_len=150))
+    assert first["output_ids"] == want.output_ids
+    assert [x[0] for x in first["meta_info"]["output_token_logprobs"]] == [v for v, _ in want.output_token_logprobs]
+    assert [x[0] for x in first["meta_info"]["input_token_logprobs"]] == [v for v, _ in want.input_token_logprobs]
+
+    again = gen(base, body)                            # the scheduler's cache: 128 of 150 cached
+    assert again["meta_info"]["cached_tokens"] == 128 and again["output_ids"] == first["output_ids"]
+    assert forwards(seen.new(), ranks[0]) == ["EXTEND False"] * 2 + ["DECODE False"] * 6
+    assert http("POST", f"{base}/flush_cache")[0] == 200 and seen.new() == []
+    assert gen(base, body)["meta_info"]["cached_tokens"] == 0
+    assert forwards(seen.new(), ranks[1]) == ["EXTEND False"] * 4 + ["DECODE False"] * 6
+
+    gen(base, {"input_ids": ids, "sampling_params": {"top_p": 1.5}}, status=400)    # SamplingParams
+    gen(base, {"input_ids": ids, "return_logprob": True, "logprob_start_len": 999}, status=400)
+    gen(base, {"text": 5}, status=400)                                            # validation
+    assert seen.new() == []
+
+    assert http("GET", f"{base}/health")[0] == 200 and http("GET", f"{base}/health_generate")[0] == 200
+    lines = seen.new()
+    assert forwards(lines, ranks[0]) == forwards(lines, ranks[1]) == ["EXTEND False"] * 2
+
+    ask(base, [{"role": "user", "content": "one two three"}], max_tokens=3)       # prefill + 2 steps
+    assert forwards(seen.new(), ranks[0]) == ["EXTEND False"] + ["DECODE False"] * 2
+
+
+def test_pd_splits_the_forwards_between_prefill_and_decode(launch, tmp_path: Path) -> None:
+    """P/D: the prefill's scheduler runs the EXTEND forwards, the decode's the DECODE ones --
+    for the warmup (fake bootstrap host: 1 EXTEND there, 7 DECODE here, before any request),
+    for /generate and for chat through the router; a health check runs one EXTEND on the
+    prefill and none on the decode (its one token comes with the fake hand-over)."""
+    b = free_port()
+    prefill, prun, pseen = observed_server(launch, tmp_path, "--disaggregation-mode", "prefill",
+                                           "--disaggregation-bootstrap-port", str(b))
+    decode, drun, dseen = observed_server(launch, tmp_path, "--disaggregation-mode", "decode")
+    r = free_port()
+    router = f"http://127.0.0.1:{r}"
+    launch("sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill, str(b), "--decode", decode,
+           "--host", "127.0.0.1", "--port", str(r), wait=f"{router}/health")
+    [p_sched] = [pid for t, pid in engine_children(prun.proc.pid).items() if t.startswith("sglang::scheduler")]
+    [d_sched] = [pid for t, pid in engine_children(drun.proc.pid).items() if t.startswith("sglang::scheduler")]
+
+    def split() -> tuple[list[str], list[str]]:
+        p_lines, d_lines = pseen.new(), dseen.new()
+        assert {pid for pid, _, _ in p_lines} <= {p_sched} and {pid for pid, _, _ in d_lines} <= {d_sched}
+        return forwards(p_lines, p_sched), forwards(d_lines, d_sched)
+
+    # warmup, then the launch's /health polls (one 200 each) and the router's /health (one each)
+    assert split() == (["EXTEND False"] * 3, ["DECODE False"] * 7)
+    ids = prompts(2)[1]                                  # 121 tokens: 2 chunks
+    out = gen(router, {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 5}})
+    assert len(out["output_ids"]) == 5 and split() == (["EXTEND False"] * 2, ["DECODE False"] * 4)
+    ask(router, [{"role": "user", "content": "one two three"}], max_tokens=3)
+    assert split() == (["EXTEND False"], ["DECODE False"] * 2)
+    assert http("GET", f"{prefill}/health")[0] == http("GET", f"{decode}/health")[0] == 200
+    assert split() == (["EXTEND False"], [])
+
+
+def test_a_failing_forward_is_a_500_and_health_follows_the_pinned_route(launch, tmp_path: Path) -> None:
+    """A hook that raises in DECODE forwards fails exactly the requests that decode (500;
+    the scheduler lives on), a one-token request runs no decode step and succeeds.  With
+    SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION off, /health runs no forward, /health_generate
+    still does; --skip-server-warmup: none at startup."""
+    base, run, seen = observed_server(
+        launch, tmp_path, "--skip-server-warmup", hooks=[{"mode": "decode", "call": RAISES}],
+        env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"})
+    [sched] = [pid for title, pid in engine_children(run.proc.pid).items() if title.startswith("sglang::scheduler")]
+    assert seen.new() == []
+    assert http("GET", f"{base}/health")[0] == 200 and seen.new() == []
+    assert http("GET", f"{base}/health_generate")[0] == 200
+    assert forwards(seen.new(), sched) == ["EXTEND False"]
+
+    ids = prompts(1)[0]
+    one = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 1}}
+    assert len(gen(base, one)["output_ids"]) == 1
+    failed = gen(base, {**one, "sampling_params": {"temperature": 0, "max_new_tokens": 3}}, status=500)
+    assert "Please use `envs.YOUR_FLAG.get()`" in failed["message"] and failed["code"] == 500
+    status, raw = http("POST", f"{base}/generate", {**one, "sampling_params": {"max_new_tokens": 3}, "stream": True})
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+    assert status == 200 and events[-1]["error"]["code"] == 500
+    assert forwards(seen.new(), sched) == ["EXTEND False"] * 3   # the DECODE forwards raised: none returned
+    assert len(gen(base, one)["output_ids"]) == 1 and alive(sched)
+
+
+def test_a_hung_scheduler_is_a_500_not_a_hang(launch) -> None:
+    """A scheduler that does not answer within --watchdog-timeout: the request gets a 500;
+    once it runs again, its late answer is dropped and the next request is answered."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    run = launch("sglang.launch_server", "--model-path", MODEL, "--port", str(port), "--watchdog-timeout", "2",
+                 wait=f"{base}/health")
+    [sched] = [pid for title, pid in engine_children(run.proc.pid).items() if title.startswith("sglang::scheduler")]
+    body = {"input_ids": prompts(1)[0], "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
+    want = gen(base, body)["output_ids"]
+    os.kill(sched, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        failed = gen(base, body, status=500)
+        assert "did not answer run within 2s" in failed["message"] and time.monotonic() - started < 10
+    finally:
+        os.kill(sched, signal.SIGCONT)
+    assert gen(base, body)["output_ids"] == want
+
+
+@pytest.mark.parametrize("hooks, message", [
+    ([{"mode": "prefill", "call": EXTEND_HOOK}], "hook 0: unknown mode 'prefill' (extend | decode | any)"),
+    ([{"mode": "any", "call": "os:getcwd"}], "hook 0: call 'os:getcwd' is not sglang.srt.MODULE:QUALNAME"),
+    ([{"mode": "any", "call": EXTEND_HOOK, "when": "always"}], "hook 0: must be an object with exactly"),
+    ({"mode": "any", "call": EXTEND_HOOK}, "must be a JSON list of objects"),
+    ("[{", "STANDIN_FORWARD_HOOKS: "),
+])
+def test_bad_forward_hooks_are_startup_errors(venv_python: str, tmp_path: Path, hooks: Any, message: str) -> None:
+    path = tmp_path / "hooks.json"
+    path.write_text(hooks if isinstance(hooks, str) else json.dumps(hooks))
+    res = subprocess.run([venv_python, "-m", "sglang.launch_server", "--model-path", MODEL, "--port",
+                          str(free_port())], capture_output=True, text=True, timeout=30, cwd="/",
+                         env={"PATH": os.environ["PATH"], "STANDIN_FORWARD_HOOKS": str(path)})
+    assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr
+
+
 # ---------------------------------------------------------------- on a real nspawn host
 
 

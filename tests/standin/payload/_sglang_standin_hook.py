@@ -9,7 +9,13 @@ the real engine's children do), it puts a finder first on ``sys.meta_path``:
   real tree's (its ``__init__`` is not executed: it imports torch);
 * ``sglang.launch_server`` runs ``sglang_standin/_launch_server_main.py``;
 * ``sglang.srt.managers.tokenizer_manager`` is ``sglang_standin/tokenizer_manager.py``
-  (the per-request entry point, running the tree's real ``SamplingParams``).
+  (the per-request entry point, running the tree's real ``SamplingParams``);
+* ``sglang.srt.model_executor.model_runner`` and ``...forward_batch_info`` are
+  ``sglang_standin/model_runner.py`` and ``forward_batch_info.py`` (``ModelRunner.forward``,
+  run by the scheduler children for every model step, and its ``ForwardBatch``/``ForwardMode``).
+
+Served modules get a source loader (``exec_module``), so a finder that wraps the loaders of
+the modules it watches (patchset's tracer) wraps these too.
 
 Every other process (``python -c 'import importlib.util; ...find_spec("sglang")'``,
 the audit, patchset itself) sees the unmodified tree: ``find_spec('sglang').origin``
@@ -86,7 +92,11 @@ class StandinFinder(importlib.abc.MetaPathFinder):
 
 # Modules of the real server that import torch: served by stand-in files under their real
 # names (so patchset's tracer, which watches by module and qualname, sees them imported).
-_SERVED = {"sglang.srt.managers.tokenizer_manager": "tokenizer_manager.py"}
+_SERVED = {
+    "sglang.srt.managers.tokenizer_manager": "tokenizer_manager.py",
+    "sglang.srt.model_executor.model_runner": "model_runner.py",
+    "sglang.srt.model_executor.forward_batch_info": "forward_batch_info.py",
+}
 
 
 def install() -> None:

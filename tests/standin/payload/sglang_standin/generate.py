@@ -84,6 +84,14 @@ does not compute): penalties, grammars (regex/json_schema/ebnf/structural_tag),
 multimodal data, input_embeds, LoRA, sessions, hidden states, custom logit processors,
 and ids outside the toy vocabulary.
 
+The model (``Generator.runner``) is a ``scheduler.SchedulerClient`` in a server: every
+prefill chunk and decode step runs in a scheduler child as one ``ModelRunner.forward``
+(scheduler.py); a request refused here (any 400) runs none.  Health checks
+(``health_check``) and the startup warmup (``warmup``) are requests as upstream sends them
+itself; in P/D with ``FAKE_BOOTSTRAP_HOST`` (read from disaggregation/utils.py), for which
+the prefill hands nothing over and the decode continues from a fake hand-over (id 0, zero
+state) instead of waiting for one.
+
 ``/flush_cache`` (GET/POST, ``?timeout=S``; http_server.py l.839-855 and
 ``scheduler_components/flush_wrapper.py``): clears the toy's prefix cache when no
 ``/generate`` is running (waiting up to ``timeout`` for that), answering the tree's own
@@ -95,6 +103,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import logging
 import math
 import threading
 import time
@@ -103,6 +112,9 @@ from collections import Counter
 from typing import Any, Iterator
 
 from sglang_standin import derive, toy
+from sglang_standin.scheduler import SchedulerError
+
+logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 
 
 class Invalid(Exception):
@@ -159,6 +171,17 @@ class Spec:
         self.flush_ok_text = self._flush_text(http)
         fv = tree.scope("sglang.srt.utils.field_validators")
         self.validate_input_ids = fv.real().validate_optional_list_i64_1d_2d
+        # health checks and warmup: a fake bootstrap host skips the KV transfer (disaggregation/
+        # utils.py _is_fake_transfer); health-check rids start with this prefix (constants.py)
+        self.fake_bootstrap_host = self._constant(tree, "sglang.srt.disaggregation.utils", "FAKE_BOOTSTRAP_HOST")
+        self.health_rid_prefix = self._constant(tree, "sglang.srt.constants", "HEALTH_CHECK_RID_PREFIX")
+
+    @staticmethod
+    def _constant(tree: derive.SourceTree, module: str, name: str) -> str:
+        value = tree.scope(module).lookup(name)
+        if not isinstance(value, str):
+            raise derive.DerivationError(f"{module}.{name} is not a string constant")
+        return value
 
     def _keys(self, pairs: list[tuple[str | None, str]]) -> list[tuple[str, str]]:
         out = []
@@ -251,9 +274,10 @@ STANDIN = "stand-in: "
 
 
 class Generator:
-    """Per-server /generate state: the toy model runner, its cache, in-flight count."""
+    """Per-server /generate state: the model (*runner*: toy.Runner's interface; in a server
+    the scheduler.SchedulerClient, so the model runs in the scheduler children), in-flight count."""
 
-    def __init__(self, spec: Spec, values: dict, runner: toy.Runner, tokenizer_manager: Any,
+    def __init__(self, spec: Spec, values: dict, runner: Any, tokenizer_manager: Any,
                  context_len: int, max_req_input_len: int, max_total_num_tokens: int, mode: str) -> None:
         self.spec = spec
         self.values = values
@@ -577,7 +601,8 @@ class Generator:
                         res = self.runner.run(req)
                     elif self.mode == "prefill":
                         res, waiter = self._prefill(req, sub, boot)
-                        sent.append((sub, waiter))
+                        if waiter is not None:
+                            sent.append((sub, waiter))
                     else:
                         res = self._resume(req, sub, boot)
                     done.append((req, sub, res))
@@ -622,6 +647,8 @@ class Generator:
         payload = {"kind": "generate", "rid": sub["rid"], "output_id": res.output_ids[0],
                    "cached_tokens": res.cached_tokens, "output_token_logprob": first_lp,
                    "output_top_logprobs": first_top, "S": list(res.kv.S), "m": list(res.kv.m)}
+        if boot["host"] == self.spec.fake_bootstrap_host:  # health check / warmup: no transfer
+            return res, None
         return res, self.transfer.kv_send(int(boot["room"]), payload)
 
     def _await_transfer(self, sub: dict, waiter: Any) -> None:
@@ -641,7 +668,8 @@ class Generator:
         room = int(boot["room"])
         started = time.monotonic()
         try:
-            got = self.transfer.kv_receive(str(boot["host"]), boot["port"], room)
+            got = (self._fake_handover() if boot["host"] == self.spec.fake_bootstrap_host
+                   else self.transfer.kv_receive(str(boot["host"]), boot["port"], room))
         except TimeoutError:
             got = None
         if not isinstance(got, dict) or got.get("kind") != "generate":
@@ -655,6 +683,62 @@ class Generator:
             top = [(v, t) for v, t in top[: req.top_logprobs_num]]
         return self.runner.resume(req, state, int(got["output_id"]), got.get("output_token_logprob"), top,
                                   int(got.get("cached_tokens") or 0))
+
+    @staticmethod
+    def _fake_handover() -> dict:
+        """A fake transfer's "KV" (decode.py l.1500): nothing arrives; the metadata buffers'
+        zeros (first output id 0) and a zero state stand for it."""
+        state = toy.ToyModel().initial_state()
+        return {"kind": "generate", "output_id": 0, "cached_tokens": 0, "output_token_logprob": None,
+                "output_top_logprobs": None, "S": list(state.S), "m": list(state.m)}
+
+    def health_check(self, timeout: float) -> bool:
+        """``health_generate`` (http_server.py l.562-634): a one-token request (``input_ids``
+        [0], temperature 0, a ``HEALTH_CHECK`` rid; in P/D the fake bootstrap host) down the
+        whole path: TokenizerManager.generate_request here, the scheduler's forward there --
+        a prefill chunk (EXTEND); a P/D decode, taking a fake hand-over, runs none.  Skipped
+        while a request runs (scheduler.py l.1633: only when fully idle), which is healthy.
+        False: no answer within *timeout* or it failed (upstream: 503 after the timeout)."""
+        if self._busy:
+            return True
+        body: dict[str, Any] = {"rid": f"{self.spec.health_rid_prefix}_{uuid.uuid4().hex}", "input_ids": [0],
+                                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                                "log_metrics": False}
+        if self.mode != "null":
+            body.update(bootstrap_host=self.spec.fake_bootstrap_host, bootstrap_room=0)
+        answered = threading.Event()
+
+        def run() -> None:
+            try:
+                self.generate(body)
+                answered.set()
+            except Exception:  # noqa: BLE001 - no answer is the 503
+                logger.exception("stand-in: health check request failed")
+
+        threading.Thread(target=run, daemon=True).start()
+        return answered.wait(timeout)
+
+    def warmup(self) -> None:
+        """``_execute_server_warmup`` (http_server.py l.1968-2110): the request SGLang sends
+        itself before it reports ready (not with ``--skip-server-warmup``): 8 greedy tokens of
+        "The capital city of France is" (``input_ids`` [10, 11, 12] with
+        ``--skip-tokenizer-init``), one per DP rank; in P/D ``input_ids`` [10, 11, 12, 13] with
+        the fake bootstrap host (the prefill runs its EXTEND forward, the decode its DECODE
+        steps after a fake hand-over).  Raises what the request raises."""
+        dp, tp = self.values["dp_size"], self.values["tp_size"]
+        sp: dict[str, Any] = {"temperature": 0, "max_new_tokens": 8}
+        if self.mode != "null":
+            body: dict[str, Any] = {
+                "sampling_params": {**sp, "temperature": 0.0, "ignore_eos": True},
+                "bootstrap_host": [self.spec.fake_bootstrap_host] * dp,
+                "bootstrap_room": [i * (2 ** 63 // dp) + (i % tp) for i in range(dp)],
+                "input_ids": [[10, 11, 12, 13]] * dp}
+        elif self.values.get("skip_tokenizer_init"):
+            body = {"sampling_params": sp, "input_ids": [10, 11, 12] if dp == 1 else [[10, 11, 12]] * dp}
+        else:
+            text = "The capital city of France is"
+            body = {"sampling_params": sp, "text": text if dp == 1 else [text] * dp}
+        self.generate(body)
 
     def generate(self, body: dict) -> Any:
         """The JSON answer (ValueError: 400 ``{"error": {"message"}}``)."""
@@ -677,6 +761,10 @@ class Generator:
             return
         except TransferFailed as exc:
             yield exc.abort_chunk()
+            return
+        except SchedulerError as exc:  # the stand-in's: a forward failed or the scheduler is gone
+            yield {"error": {"message": str(exc), "type": "internal_server_error", "code": 500,
+                             "retryable": False}}
             return
         finally:
             self._leave()

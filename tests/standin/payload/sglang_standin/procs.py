@@ -18,6 +18,11 @@ package does on Linux (checked against setproctitle 1.3.8 under mp spawn):
 
 Children die with their parent (``PR_SET_PDEATHSIG``, as SGLang's
 ``kill_itself_when_parent_died``) and exit 0 on SIGTERM.
+
+The schedulers compute the model (scheduler.py): each scheduler of DP group 0 gets one
+end of a duplex work pipe (passed through the ``sglang::data_parallel_controller`` when
+``--dp-size`` > 1), builds its ``scheduler.Worker`` before it reports ready, then answers
+the main process's calls until the pipe closes.  The other children only sleep.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import signal
 import time
 import types
 from typing import Any
+
+from sglang_standin import scheduler
 
 logger = logging.getLogger("sglang.srt.entrypoints.engine")
 
@@ -84,12 +91,14 @@ def setproctitle(title: str) -> None:
 
 
 class Child:
-    """One spawned child and the read end of its readiness pipe."""
+    """One spawned child, the read end of its readiness pipe and the main ends of the work
+    pipes of the schedulers that compute the model (its own, or its DP group 0's)."""
 
-    def __init__(self, name: str, proc: Any, reader: Any) -> None:
+    def __init__(self, name: str, proc: Any, reader: Any, work: list[Any] | None = None) -> None:
         self.name = name
         self.proc = proc
         self.reader = reader
+        self.work = work or []
 
     @property
     def pid(self) -> int:
@@ -97,16 +106,28 @@ class Child:
 
 
 def spawn(name: str, title: str, role: str, extra: dict[str, Any] | None = None,
-          cuda_visible: str | None = None) -> Child:
-    """Start one child with mp spawn (``cuda_visible``: maybe_reindex_device_id's override)."""
+          cuda_visible: str | None = None, work: Any = None) -> Child:
+    """Start one child with mp spawn (``cuda_visible``: maybe_reindex_device_id's override;
+    ``work``: the child's end of its work pipe, or a list of them for a DP controller to
+    hand on; closed here once the child has its copy, so the main sees EOF when it dies)."""
     ctx = multiprocessing.get_context("spawn")
     reader, writer = ctx.Pipe(duplex=False)
     payload = json.dumps({"role": role, "title": title, "parent": os.getpid(), **(extra or {})})
-    proc = ctx.Process(target=child_main, args=(payload, writer), name=title)
+    proc = ctx.Process(target=child_main, args=(payload, writer, work), name=title)
     with _env_override("CUDA_VISIBLE_DEVICES", cuda_visible):
         proc.start()
     writer.close()
+    ends = work if isinstance(work, list) else [] if work is None else [work]
+    for end in ends:
+        end.close()
     return Child(name, proc, reader)
+
+
+def _work_pipes(n: int) -> tuple[list[Any], list[Any]]:
+    """*n* duplex pipes: (main ends, scheduler ends)."""
+    ctx = multiprocessing.get_context("spawn")
+    pairs = [ctx.Pipe() for _ in range(n)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def wait_ready(children: list[Child], timeout: float = 120.0) -> None:
@@ -150,13 +171,20 @@ def launch_engine_children(values: dict[str, Any], derived: Any) -> list[Child]:
     """
     sa = types.SimpleNamespace(**values)
     children: list[Child] = []
+    cache = {"cache": not sa.disable_radix_cache}
     if sa.dp_size == 1:
         for rank in scheduler_ranks(sa, derived, dp_rank=None):
-            children.append(spawn(f"scheduler_{len(children)}", rank["title"], "scheduler",
-                                  cuda_visible=_reindexed(rank["gpu_id"])))
+            (main_end,), (child_end,) = _work_pipes(1)
+            children.append(spawn(f"scheduler_{len(children)}", rank["title"], "scheduler", cache,
+                                  cuda_visible=_reindexed(rank["gpu_id"]), work=child_end))
+            children[-1].work = [main_end]
     else:
+        group0 = sum(1 for rank in dp_scheduler_ranks(sa, derived) if rank["dp_rank"] == 0)
+        main_ends, child_ends = _work_pipes(group0)
         children.append(spawn("data_parallel_controller", derived.dp_controller_title, "dp_controller",
-                              {"values": _jsonable(values), "tree": str(derived.tree.pkg_dir)}))
+                              {"values": _jsonable(values), "tree": str(derived.tree.pkg_dir), **cache},
+                              work=child_ends))
+        children[-1].work = main_ends
     if sa.detokenizer_worker_num <= 1:
         children.append(spawn("detokenizer", derived.detokenizer_title, "detokenizer"))
     else:
@@ -180,6 +208,28 @@ def scheduler_ranks(sa: Any, derived: Any, dp_rank: int | None) -> list[dict]:
                 moe_dp_rank=moe_dp_rank, moe_ep_rank=moe_ep_rank, pp_rank=pp_rank, dp_rank=dp_rank,
             )
             out.append({"title": title, "gpu_id": gpu_id, "tp_rank": tp_rank, "pp_rank": pp_rank})
+    return out
+
+
+def dp_scheduler_ranks(sa: Any, derived: Any) -> list[dict]:
+    """The schedulers a ``sglang::data_parallel_controller`` starts, in order, with their DP
+    rank.  The real controller starts dp_size groups of tp_size schedulers (or, with
+    --enable-dp-attention, tp_size schedulers split into dp_size groups); titles carry the
+    DP rank.  GPU ids are not modelled here."""
+    out = []
+    if sa.enable_dp_attention:
+        per_dp = max(1, sa.tp_size // sa.dp_size)
+        for rank in scheduler_ranks(sa, derived, dp_rank=None):
+            dp_rank = rank["tp_rank"] // per_dp
+            title = derived.scheduler_title(
+                server_args=sa, gpu_id=rank["gpu_id"], tp_rank=rank["tp_rank"], attn_cp_rank=0,
+                moe_dp_rank=0, moe_ep_rank=0, pp_rank=rank["pp_rank"], dp_rank=dp_rank,
+            )
+            out.append({"title": title, "dp_rank": dp_rank})
+    else:
+        for dp_rank in range(sa.dp_size):
+            out.extend({"title": rank["title"], "dp_rank": dp_rank}
+                       for rank in scheduler_ranks(sa, derived, dp_rank=dp_rank))
     return out
 
 
@@ -219,7 +269,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def child_main(payload_json: str, ready_writer: Any) -> None:
+def child_main(payload_json: str, ready_writer: Any, work: Any = None) -> None:
+    """A child's life: title, signals, (DP controller) its schedulers, (scheduler with a work
+    pipe) the model, then "ready" and its loop."""
     payload = json.loads(payload_json)
     _die_with_parent(payload["parent"])
     setproctitle(payload["title"])
@@ -231,28 +283,30 @@ def child_main(payload_json: str, ready_writer: Any) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    worker = None
     if payload["role"] == "dp_controller":
-        # The real controller starts dp_size groups of tp_size schedulers (or,
-        # with --enable-dp-attention, tp_size schedulers split into dp_size
-        # groups); titles carry the DP rank.  GPU ids are not modelled here.
-        from sglang_standin import derive
-
-        derived = derive.load(payload["tree"])
-        sa = types.SimpleNamespace(**payload["values"])
-        if sa.enable_dp_attention:
-            per_dp = max(1, sa.tp_size // sa.dp_size)
-            for rank in scheduler_ranks(sa, derived, dp_rank=None):
-                title = derived.scheduler_title(
-                    server_args=sa, gpu_id=rank["gpu_id"], tp_rank=rank["tp_rank"], attn_cp_rank=0,
-                    moe_dp_rank=0, moe_ep_rank=0, pp_rank=rank["pp_rank"], dp_rank=rank["tp_rank"] // per_dp,
-                )
-                grandchildren.append(spawn(title, title, "scheduler"))
-        else:
-            for dp_rank in range(sa.dp_size):
-                for rank in scheduler_ranks(sa, derived, dp_rank=dp_rank):
-                    grandchildren.append(spawn(rank["title"], rank["title"], "scheduler"))
+        grandchildren.extend(_start_dp_schedulers(payload, work or []))
         wait_ready(grandchildren)
+    elif payload["role"] == "scheduler" and work is not None:
+        worker = scheduler.Worker(cache=payload.get("cache", True))
     ready_writer.send({"status": "ready", "pid": os.getpid(), "title": payload["title"]})
     ready_writer.close()
+    if worker is not None:
+        worker.serve(work)
     while True:
         signal.pause()
+
+
+def _start_dp_schedulers(payload: dict, work: list[Any]) -> list[Child]:
+    """The DP controller's schedulers; DP group 0's get the work pipes, in order."""
+    from sglang_standin import derive
+
+    derived = derive.load(payload["tree"])
+    sa = types.SimpleNamespace(**payload["values"])
+    pending = list(work)
+    out = []
+    for rank in dp_scheduler_ranks(sa, derived):
+        end = pending.pop(0) if rank["dp_rank"] == 0 and pending else None
+        out.append(spawn(rank["title"], rank["title"], "scheduler", {"cache": payload.get("cache", True)},
+                         work=end))
+    return out

@@ -23,9 +23,19 @@ What runs, in the order the real server does it:
    itself, as ``_wait_for_scheduler_ready``), the KV bootstrap server on
    ``--disaggregation-bootstrap-port`` in prefill mode, then the HTTP server on
    ``--host``/``--port``.  ``/health`` answers 503 while "loading"
-   (``STANDIN_STARTUP_DELAY`` seconds, default 0.5), then 200 and
-   "The server is fired up and ready to roll!" is logged;
-   ``STANDIN_FAIL_HEALTH=1`` keeps ``/health`` at 503.
+   (``STANDIN_STARTUP_DELAY`` seconds, default 0.5) and during the warmup request
+   (``_execute_server_warmup``, unless ``--skip-server-warmup``; its failure kills the
+   server, as upstream), then "The server is fired up and ready to roll!" is logged;
+   ``STANDIN_FAIL_HEALTH=1`` keeps ``/health`` at 503.  ``/health`` and
+   ``/health_generate`` are upstream's one ``health_generate`` route: each sends a
+   one-token request through the scheduler (a forward), except ``/health`` with
+   ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false`` (generate.Generator.health_check).
+
+The model runs in the scheduler children, never here (scheduler.py): the main process
+talks to them through ``scheduler.SchedulerClient``; a call they do not answer within
+``--watchdog-timeout`` seconds, or a forward that raises, is a 500.  Chat requests,
+whose answers are scripted (chat.py), still make the scheduler run the forwards of
+their prompt and completion tokens (``Engine._chat_forwards``).
 
 Endpoints: ``/health``, ``/health_generate``, ``/server_info``,
 ``/get_server_info`` (deprecated alias, logs upstream's warning),
@@ -77,7 +87,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from sglang_standin import chat, derive, generate, procs, toy
+from sglang_standin import chat, derive, generate, procs, scheduler, toy
 from sglang_standin.httpd import Handler, Server, request, to_json
 
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
@@ -93,8 +103,7 @@ def _truthy(value: str | None) -> bool:
 class Engine:
     """The serving state behind the HTTP handlers."""
 
-    def __init__(self, d: derive.Derived, values: dict[str, Any], faults: chat.Faults,
-                 numerics: toy.Numerics | None = None) -> None:
+    def __init__(self, d: derive.Derived, values: dict[str, Any], faults: chat.Faults) -> None:
         self.d = d
         self.values = values
         self.faults = faults
@@ -114,12 +123,15 @@ class Engine:
         self.kv_timeout = float(os.environ.get("STANDIN_KV_TIMEOUT") or 30.0)
         # under its real name, through the import system (see tokenizer_manager.py)
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
+        from sglang.srt.environ import envs   # the tree's (standard library only), as http_server.py
+        self.envs = envs
         self.tokenizer_manager = TokenizerManager(self.hf_config)
         self.gen_spec = generate.Spec(d.tree)
+        # the model runs in the scheduler children (connected once they are up): scheduler.py
+        self.scheduler = scheduler.SchedulerClient(float(values["watchdog_timeout"]))
         self.generator = generate.Generator(
-            self.gen_spec, values, toy.Runner(numerics, cache=not values.get("disable_radix_cache")),
-            self.tokenizer_manager, self.context_len, self.max_req_input_len, self.max_total_num_tokens,
-            self.mode)
+            self.gen_spec, values, self.scheduler, self.tokenizer_manager, self.context_len,
+            self.max_req_input_len, self.max_total_num_tokens, self.mode)
         self.generator.transfer = self  # /generate P/D: kv_send / kv_receive / kv_abandon / kv_timeout
 
     @staticmethod
@@ -266,16 +278,19 @@ class Engine:
         self.tokenizer_manager.generate_request({"sampling_params": sampling_kwargs(body)})
         room = body.get("bootstrap_room")
         bhost = body.get("bootstrap_host")
-        if self.mode == "decode" and room is not None and bhost:
+        from_prefill = self.mode == "decode" and room is not None and bool(bhost)   # the KV comes over
+        to_decode = self.mode == "prefill" and room is not None                      # the KV goes over
+        if from_prefill:
             port = body.get("bootstrap_port") or self.values["disaggregation_bootstrap_port"]
             seen = self.faults.apply(self.kv_fetch(str(bhost), int(port), int(room)))
         else:
             seen = self.faults.apply(messages)
-            if self.mode == "prefill" and room is not None:
-                self.kv_put(int(room), seen)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         text, finish, n_out = chat.complete(seen, max_tokens if isinstance(max_tokens, int) else None)
         n_in = chat.count_tokens(seen)
+        self._chat_forwards(seen, n_out, prefill=not from_prefill, decode=not to_decode)
+        if to_decode:  # after its forwards, as a real prefill sends the KV it computed
+            self.kv_put(int(room), seen)
         shapes = self.d.shapes
         choice = shapes["ChatCompletionResponseChoice"].build(
             index=0, message=shapes["ChatMessage"].build(role="assistant", content=text),
@@ -286,6 +301,14 @@ class Engine:
             id=uuid.uuid4().hex, model=body.get("model") or self.served_model_name, choices=[choice], usage=usage,
         )
         return resp, {"messages": seen, "finish_reason": finish}
+
+    def _chat_forwards(self, seen: list[dict], n_out: int, prefill: bool, decode: bool) -> None:
+        """The forwards the scheduler runs for a chat request (the answer itself is chat.py's):
+        prefill over what the server saw, as the toy tokenizes it, and a decode step per
+        completion token after the first; in P/D the prefill server runs only the prefill and
+        the decode server only the decode steps."""
+        ids = self.generator.tok.encode(" ".join(m["content"] for m in seen))
+        self.scheduler.model_work(ids, n_out, prefill=prefill, decode=decode)
 
     def stream_chunks(self, resp: dict, include_usage: bool) -> list[dict]:
         shapes = self.d.shapes
@@ -318,7 +341,13 @@ def make_handler(engine: Engine) -> type[Handler]:
     admin_api_key = engine.values.get("admin_api_key")
 
     def health(h: Handler) -> None:
+        """http_server.py health_generate, the route of both paths: 503 while starting; /health
+        is a plain 200 only with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION off (default on);
+        else a one-token request runs (Generator.health_check): 503 if it gets no answer."""
         ok = engine.ready.is_set() and not engine.draining and not engine.fail_health
+        if ok and not (h.path.split("?", 1)[0] == "/health"
+                       and not engine.envs.SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.get()):
+            ok = engine.generator.health_check(float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT") or 20))
         h.send_empty(200 if ok else 503)
 
     def server_info(h: Handler) -> None:
@@ -360,7 +389,7 @@ def make_handler(engine: Engine) -> type[Handler]:
             if not isinstance(body, dict):
                 raise ValueError("request body must be a JSON object")
             resp, _ = engine.chat(body)
-        except TimeoutError as exc:
+        except (TimeoutError, scheduler.SchedulerError) as exc:
             h.send_json(500, engine.error(500, str(exc), "InternalServerError"))
             return
         except ValueError as exc:
@@ -411,6 +440,10 @@ def make_handler(engine: Engine) -> type[Handler]:
             logger.error(f"[http_server] Error: {exc}")
             h.send_json(500, engine.error(500, str(exc), "500"))
             return
+        except scheduler.SchedulerError as exc:  # the stand-in's: a forward failed, or no scheduler
+            logger.error(f"[http_server] Error: {exc}")
+            h.send_json(500, engine.error(500, str(exc), "InternalServerError"))
+            return
         except ValueError as exc:
             logger.error(f"[http_server] Error: {exc}")
             h.send_json(400, {"error": {"message": str(exc)}})
@@ -433,7 +466,11 @@ def make_handler(engine: Engine) -> type[Handler]:
             h.send_json(400, engine.error(400, f"query.timeout: input should be a number >= 0, got {raw!r}",
                                           "Bad Request"))
             return
-        ok, message = engine.generator.flush(timeout)
+        try:
+            ok, message = engine.generator.flush(timeout)
+        except scheduler.SchedulerError as exc:  # the cache lives in the scheduler: it must answer
+            h.send_bytes(500, f"{exc}\n".encode(), None)
+            return
         if ok:
             logging.getLogger("sglang.srt.managers.scheduler").info("Cache flushed successfully!")
             h.send_bytes(200, engine.gen_spec.flush_ok_text.encode(), None)
@@ -554,6 +591,7 @@ def main(argv: list[str] | None = None) -> None:
                                  dict(os.environ))
         faults = chat.Faults.parse(",".join([os.environ.get(chat.FAULT_ENV) or "", *ruled]))
         numerics = toy.Numerics.from_env(dict(os.environ), derive.locate_tree())
+        scheduler.load_hooks(os.environ)  # checked here; the schedulers load it again
         resolved, logged = _env_args(RESOLVED_ENV, values), _env_args(LOGGED_ENV, values)
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"stand-in: {exc}\n")
@@ -576,10 +614,11 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGQUIT, on_signal)  # a child failed (watchdog below), as upstream
-    engine = Engine(d, values, faults, numerics)
+    engine = Engine(d, values, faults)
     try:
         children = procs.launch_engine_children(values, d)
         procs.wait_ready(children)
+        engine.scheduler.connect([end for child in children for end in child.work])
         if engine.mode == "prefill":
             bootstrap_port = values["disaggregation_bootstrap_port"]
             servers.append(Server(values["host"], bootstrap_port, make_bootstrap_handler(engine)))
@@ -588,6 +627,13 @@ def main(argv: list[str] | None = None) -> None:
         servers.append(httpd)
 
         def ready() -> None:
+            if not values.get("skip_server_warmup") and not values.get("is_embedding"):
+                try:
+                    engine.generator.warmup()
+                except Exception:  # noqa: BLE001 - upstream: log, kill the server
+                    logger.exception("Initialization failed. warmup error")
+                    os.kill(os.getpid(), signal.SIGQUIT)
+                    return
             engine.ready.set()
             if d.ready_message:
                 logger.info(d.ready_message)

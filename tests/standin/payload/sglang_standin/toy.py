@@ -37,6 +37,11 @@ Two code paths compute this same function:
   (``S_t = lam^i * S_b + P_i``: another summation order); the state is STORED only at
   chunk boundaries and at the end of the prompt (the KV handed to decode).
 
+Every prefill chunk and every decode step goes through ``ToyModel.forward(mode, step)``
+(``"EXTEND"`` / ``"DECODE"``): in a server the scheduler child wraps each in
+``ModelRunner.forward`` (scheduler.py), so the model runs where SGLang runs it; the default
+(``run_here``) just calls the step.  Numbers are the same either way.
+
 In prefill/decode disaggregation the two paths run on two servers: the prefill
 server's :meth:`Runner.run` stops after the first output token and its
 ``Result.kv`` (the state stored at the end of the prompt) is handed over (server.py,
@@ -73,6 +78,7 @@ beyond the one attention-like and one MLP sublayer, and no GPU kernels.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import os
@@ -82,7 +88,7 @@ import struct
 import threading
 import zlib
 from operator import mul
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from sglang_standin import chat
 
@@ -98,6 +104,12 @@ SPECIAL = {BOS: "<s>", EOS: "</s>"}
 NUMERICS_ENV = "STANDIN_NUMERICS_RULES"
 NONDET_ENV = "STANDIN_NONDETERMINISM"
 OPS = ("state", "mix")
+
+T = TypeVar("T")
+# How a model step runs: forward(mode, step) -> step's result, with mode "EXTEND" (a prefill
+# chunk) or "DECODE" (one token).  The scheduler's wraps each step in ModelRunner.forward
+# (scheduler.py); the default (run_here) just calls it.
+Forward = Callable[[str, Callable[[], Any]], Any]
 
 
 # ---------------------------------------------------------------- rounding
@@ -332,10 +344,16 @@ def log_softmax(logits: Sequence[float]) -> list[float]:
     return [v - lse for v in logits]
 
 
+def run_here(mode: str, step: Callable[[], T]) -> T:
+    """The default :data:`Forward`: the step runs in this process, outside any ModelRunner."""
+    return step()
+
+
 class ToyModel:
-    def __init__(self, numerics: Numerics | None = None) -> None:
+    def __init__(self, numerics: Numerics | None = None, forward: Forward = run_here) -> None:
         self.w, self.tokenizer = _build()
         self.numerics = numerics or Numerics()
+        self.forward = forward
         prec = self.numerics.precision
         self._round_state = ROUNDERS[prec["state"]] if "state" in prec else None
         self._round_mix = ROUNDERS[prec["mix"]] if "mix" in prec else None
@@ -397,7 +415,11 @@ class ToyModel:
     # -- DECODE: one token, state stored after it ---------------------------------
 
     def decode_step(self, x: int, t: int, state: State) -> tuple[State, list[float]]:
-        """Token *x* at position *t* from the state stored after position t - 1."""
+        """Token *x* at position *t* from the state stored after position t - 1: one DECODE
+        forward (:attr:`forward`)."""
+        return self.forward("DECODE", functools.partial(self._decode, x, t, state))
+
+    def _decode(self, x: int, t: int, state: State) -> tuple[State, list[float]]:
         w = self.w
         a, gate = self._inputs(x, t)
         S_t = [l * s + ai for l, s, ai in zip(w.lam, state.S, a)]
@@ -416,38 +438,48 @@ class ToyModel:
 
         Returns the state stored at the end (the KV handed to decode) and the logits at
         the positions *want_logits* selects.  *on_boundary(pos, state)* sees each state
-        stored at a chunk boundary (``pos`` tokens processed)."""
-        w = self.w
-        lam, mu = w.lam, w.mu
+        stored at a chunk boundary (``pos`` tokens processed).  Each chunk is one EXTEND
+        forward (:attr:`forward`); the cache insert stays outside it, as the radix cache's."""
         out: dict[int, list[float]] = {}
         n = len(ids)
         pos = start
         while pos < n:
             end = min(pos + chunk, n)
-            S_b, m_b = state.S, state.m
-            P = [0.0] * D
-            lam_i = [1.0] * D
-            Pm = [0.0] * N
-            mu_i = 1.0
-            m_prev: Sequence[float] = m_b
-            S_t: list[float] = list(S_b)
-            for t in range(pos, end):
-                x = ids[t]
-                a, gate = self._inputs(x, t)
-                P = [l * p + ai for l, p, ai in zip(lam, P, a)]
-                lam_i = [li * l for li, l in zip(lam_i, lam)]
-                S_t = [li * s + p for li, s, p in zip(lam_i, S_b, P)]
-                z, h = self._body(x, gate, S_t, m_prev)
-                Pm = [mu * p + (1.0 - mu) * zi for p, zi in zip(Pm, z)]
-                mu_i *= mu
-                m_prev = [mu_i * mb + p for mb, p in zip(m_b, Pm)]
-                if want_logits(t):
-                    out[t] = self.logits(h)
-            state = self._store(S_t, m_prev)
+            state, logits = self.forward(
+                "EXTEND", functools.partial(self._extend, ids, pos, end, state, want_logits))
+            out.update(logits)
             pos = end
             if on_boundary is not None and (pos - start) % chunk == 0:
                 on_boundary(pos, state)
         return state, out
+
+    def _extend(self, ids: Sequence[int], pos: int, end: int, state: State,
+                want_logits: Callable[[int], bool]) -> tuple[State, dict[int, list[float]]]:
+        """One prefill chunk ``ids[pos:end]`` from *state*: the partial sums accumulated from
+        zero and added to the chunk's starting state; (state stored at its end, its logits)."""
+        w = self.w
+        lam, mu = w.lam, w.mu
+        out: dict[int, list[float]] = {}
+        S_b, m_b = state.S, state.m
+        P = [0.0] * D
+        lam_i = [1.0] * D
+        Pm = [0.0] * N
+        mu_i = 1.0
+        m_prev: Sequence[float] = m_b
+        S_t: list[float] = list(S_b)
+        for t in range(pos, end):
+            x = ids[t]
+            a, gate = self._inputs(x, t)
+            P = [l * p + ai for l, p, ai in zip(lam, P, a)]
+            lam_i = [li * l for li, l in zip(lam_i, lam)]
+            S_t = [li * s + p for li, s, p in zip(lam_i, S_b, P)]
+            z, h = self._body(x, gate, S_t, m_prev)
+            Pm = [mu * p + (1.0 - mu) * zi for p, zi in zip(Pm, z)]
+            mu_i *= mu
+            m_prev = [mu_i * mb + p for mb, p in zip(m_b, Pm)]
+            if want_logits(t):
+                out[t] = self.logits(h)
+        return self._store(S_t, m_prev), out
 
 
 # ---------------------------------------------------------------- prefix cache
@@ -553,8 +585,8 @@ def _top(lps: Sequence[float], k: int) -> list[tuple[float, int]]:
 class Runner:
     """The model, its cache and the per-request loop (prefill, then decode)."""
 
-    def __init__(self, numerics: Numerics | None = None, cache: bool = True) -> None:
-        self.model = ToyModel(numerics)
+    def __init__(self, numerics: Numerics | None = None, cache: bool = True, forward: Forward = run_here) -> None:
+        self.model = ToyModel(numerics, forward)
         self.tokenizer = self.model.tokenizer
         self.cache = PrefixCache() if cache else None
         self.eps = self.model.numerics.eps
@@ -622,13 +654,20 @@ class Runner:
                 return {"type": "stop", "matched": tok}
         return None
 
-    def run(self, req: Request) -> Result:
+    def _rngs(self, req: Request, entropy: bytes | None) -> tuple[random.Random | None, random.Random]:
+        """(logit jitter, sampler) of one request: seeded from *entropy* (32 bytes) when
+        given, so that every TP rank's scheduler draws the same (as SGLang's ranks sample the
+        same token), else from ``os.urandom``; the sampler from ``sampling_seed`` if set."""
+        entropy = entropy or os.urandom(32)
+        nondet = random.Random(entropy[:16]) if self.eps > 0 else None
+        sampler = random.Random(req.sampling_seed if req.sampling_seed is not None else entropy[16:32])
+        return nondet, sampler
+
+    def run(self, req: Request, entropy: bytes | None = None) -> Result:
         ids = req.input_ids
         n = len(ids)
-        nondet = random.Random(os.urandom(16)) if self.eps > 0 else None
+        nondet, sampler = self._rngs(req, entropy)
         chunk = C
-        sampler = random.Random(req.sampling_seed) if req.sampling_seed is not None else random.Random(
-            os.urandom(16))
 
         # Prefix reuse: at most input_len - 1 and, for input logprobs, logprob_start_len
         # (Req._compute_max_prefix_len).
@@ -731,15 +770,13 @@ class Runner:
         res.text = text
 
     def resume(self, req: Request, state: State, first: int, first_logprob: float | None,
-               first_top: list | None, cached_tokens: int) -> Result:
+               first_top: list | None, cached_tokens: int, entropy: bytes | None = None) -> Result:
         """A P/D decode: continue *req* from the prefill's hand-over -- the *state* stored at
         the end of the prompt, the first output token the prefill sampled and its logprob /
         top logprobs (as the metadata buffer carries them) -- with this server's DECODE path
         and numerics.  No input logprobs (the decode computes none: output_streamer.py) and
         nothing cached (a decode server's KV cache is a chunk cache by default)."""
-        nondet = random.Random(os.urandom(16)) if self.eps > 0 else None
-        sampler = random.Random(req.sampling_seed) if req.sampling_seed is not None else random.Random(
-            os.urandom(16))
+        nondet, sampler = self._rngs(req, entropy)
         if req.top_k != 1:  # the draw the prefill's sample of the first token took
             sampler.random()
         res = Result([], "", {}, cached_tokens)
@@ -751,6 +788,21 @@ class Runner:
         ids = list(req.input_ids)
         self._decode(req, res, [first], ids + [first], state, nondet, sampler, None)
         return res
+
+    def model_work(self, ids: Sequence[int], new_tokens: int, prefill: bool, decode: bool) -> None:
+        """The forwards a request costs whose answer is not the toy's (chat: chat.py scripts
+        it): PREFILL chunks over *ids* (if *prefill*), then ``new_tokens - 1`` greedy DECODE
+        steps (if *decode*; from the initial state when no prefill ran here, as a P/D decode
+        continuing another server's prompt).  Results are dropped, nothing is cached."""
+        state, tok, n = self.model.initial_state(), ids[-1], len(ids)
+        if prefill:
+            state, logits = self.model.prefill(ids, 0, state, want_logits=lambda pos: pos == n - 1)
+            tok = max(range(V), key=logits[n - 1].__getitem__)
+        if not decode:
+            return
+        for t in range(n, n + new_tokens - 1):
+            state, step_logits = self.model.decode_step(tok, t, state)
+            tok = max(range(V), key=step_logits.__getitem__)
 
     def flush(self) -> None:
         if self.cache is not None:

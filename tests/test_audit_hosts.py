@@ -307,3 +307,143 @@ def test_secrets_in_env_and_server_args_are_never_shown(audit_env, capsys, tmp_p
             assert SECRET not in text and TOKEN not in text, fmt
     finally:
         deploy(audit_env, capsys)
+
+
+# ------------------------------------------------- issue 23: evidence that holds after traffic
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+
+
+def _verdicts(data: dict) -> tuple[dict, set, list]:
+    """Every state (with its contradiction), every hazard finding and the ranking."""
+    st = {(s["server"], s["patch"]): (s["state"], s["contradiction"])
+          for s in data["hosts"][0]["states"]}
+    hazards = {(f["id"], f["subject"], f["status"]) for f in data["findings"]
+               if f["id"].startswith("hazard")}
+    return st, hazards, [s["name"] for s in data["symptom"]["suspects"]]
+
+
+def _forwards(env: dict, capsys, server: str) -> dict[str, int]:
+    """Forward passes per mode the tracer counted in `server`'s processes (`patchset
+    trace`): that traffic really ran the stand-in's forwards, in its scheduler."""
+    code, out, err = cli(capsys, "trace", env["host"].name, "--json", "--series",
+                         str(env["series"]))
+    assert code in (0, 1), err
+    view = next(v for v in json.loads(out) if v["server"] == server)
+    total: dict[str, int] = {}
+    for proc in view["processes"]:
+        for mode, n in proc["forwards"].items():
+            total[mode] = total.get(mode, 0) + n
+    return total
+
+
+def test_traffic_through_the_router_changes_no_state_hazard_or_ranking(audit_env,
+                                                                       capsys) -> None:
+    """The full seed layout, traced, with prefill/decode/router: right after deploy and
+    after chat requests through the router, a request rejected with 400, health checks,
+    the states, hazards and ranking are the same; the kernel patches (whose modules the
+    stand-in never imports) stay declared with no evidence; the forwards did run, in the
+    schedulers only."""
+    [router] = free_ports(1)
+    prepare_host(audit_env, capsys)
+    deploy(audit_env, capsys, roles={"router": {"port": router, "host": "127.0.0.1"}})
+    try:
+        _, before = audit(audit_env, capsys, "--symptom", "context-loss")
+        assert states(before) == SEED_STATES
+        decode_url = f"http://127.0.0.1:{audit_env['ports']['decode']}"
+        warmup = _forwards(audit_env, capsys, D)      # SGLang's startup warmup request
+        status, _ = _post(f"{decode_url}/generate",
+                          {"text": "a b", "sampling_params": {"top_p": 1.5}})
+        assert status == 400                          # rejected: runs no forward
+        assert _forwards(audit_env, capsys, D) == warmup
+        _, rejected = audit(audit_env, capsys, "--symptom", "context-loss")
+        assert _verdicts(rejected) == _verdicts(before)
+        for _ in range(3):
+            status, answer = _post(f"http://127.0.0.1:{router}/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "the token is X. which token?"}],
+                "max_tokens": 6, "temperature": 0})
+            assert status == 200 and answer["object"] == "chat.completion"
+        assert _forwards(audit_env, capsys, D).get("decode", 0) > warmup.get("decode", 0)
+        assert _forwards(audit_env, capsys, P).get("extend", 0) >= 1
+        _, after = audit(audit_env, capsys, "--symptom", "context-loss")
+        assert _verdicts(after) == _verdicts(before)
+        kernels = ("mhc-bf16", "mma-splitk-decode", "triton-dsa-indexer")
+        for st in after["hosts"][0]["states"]:
+            if st["patch"] in kernels and st["state"] == "active":
+                assert st["evidence"] == "declared", st
+                assert st["observation"].startswith("no evidence yet:"), st
+        assert not [f for f in after["findings"] if f["id"].startswith("trace[") and
+                    f["status"] == "fail"]
+    finally:
+        deploy(audit_env, capsys)
+
+
+def test_a_stale_process_keeps_its_loaded_fix_and_suspect_after_traffic(audit_env,
+                                                                        capsys) -> None:
+    """The clamp patch and mhc-bf16 loaded at start, then reverted on disk without a
+    restart: after traffic the hazard the loaded clamp fixes stays cleared, mhc-bf16 stays
+    a suspect."""
+    host = audit_env["host"]
+    [router] = free_ports(1)
+    deploy(audit_env, capsys, roles={"router": {"port": router, "host": "127.0.0.1"}})
+    code, _, err = cli(capsys, "apply", host.name, "--series", str(audit_env["series"]),
+                       "--restart")
+    assert code == 0, err
+    try:
+        time.sleep(1.1)                       # state.json's time has one-second resolution
+        code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp,mhc-bf16",
+                           host.name, "--series", str(audit_env["series"]))
+        assert code == 0, err
+        for _ in range(2):
+            status, _ = _post(f"http://127.0.0.1:{router}/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "one two three"}],
+                "max_tokens": 4, "temperature": 0})
+            assert status == 200
+        assert _forwards(audit_env, capsys, D).get("decode", 0) >= 1
+        _, data = audit(audit_env, capsys, "--symptom", "context-loss")
+        hazards = {f["subject"].split(":")[0]: f["status"] for f in data["findings"]
+                   if f["id"] == "hazard[nvfp4-cutlass-no-swiglu-clamp]"}
+        assert "fail" not in hazards.values(), hazards
+        assert states(data)[(P, "nvfp4-cutlass-swiglu-clamp")] != "not-applied"
+        assert states(data)[(P, "mhc-bf16")] == "active"
+        assert "no longer on disk: restart to unload" in reason(data, P, "mhc-bf16")
+        assert "mhc-bf16" in [s["name"] for s in data["symptom"]["suspects"]]
+    finally:
+        code, _, err = cli(capsys, "apply", "--exclude", "nvfp4-cutlass-swiglu-clamp",
+                           host.name, "--series", str(audit_env["series"]), "--restart")
+        assert code == 0, err
+        deploy(audit_env, capsys)
+
+
+def test_an_undeclared_guard_off_its_default_makes_the_patch_unknown_in_that_role_only(
+        audit_env, capsys) -> None:
+    """Call-path guards no `requires` declares (patchset/guards.py), read live: the decode
+    server runs with SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 (deepseek_v4_backend.py:1402
+    sends extend batches past mma-splitk-decode's entry): the patch is unknown there, the
+    prefill server (same patch, no such setting) keeps its state, every other state is the
+    seed's. (The ServerArgs guard --enable-deepseek-v4-fp4-indexer is not used here: the
+    pinned server refuses it on anything but SM100, server_args.py:5921.)"""
+    deploy(audit_env, capsys, roles={
+        "decode": {"env": {"SGLANG_OPT_FLASHMLA_SPARSE_PREFILL": "1"}},
+        "prefill": {"env": {"TRITON_INDEXER": "0", "MMA_FLASHMLA": "1"}}})
+    try:
+        _, data = audit(audit_env, capsys)
+        got = states(data)
+        assert got[(D, "mma-splitk-decode")] == "unknown"
+        assert reason(data, D, "mma-splitk-decode") == (
+            "undeclared guard SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 (python/sglang/srt/layers/"
+            "attention/deepseek_v4_backend.py:1402)")
+        assert got[(P, "mma-splitk-decode")] == "active"         # gate on, no such setting
+        changed = {k for k, v in got.items() if SEED_STATES.get(k) != v}
+        assert changed == {(P, "mma-splitk-decode"), (D, "mma-splitk-decode")}, changed
+    finally:
+        deploy(audit_env, capsys)

@@ -191,7 +191,15 @@ class _Tracer:
     # ------------------------------------------------------------ instrumenting
 
     def instrument(self, module: Any, rearm: bool = False) -> None:
-        """Watch the targets of a module that has just been imported."""
+        """Watch the targets of a module that has just been imported (and say so in the
+        record at once: a reader must not take a watched target for an unimported one)."""
+        try:
+            self._instrument(module, rearm)
+        finally:
+            if not rearm:
+                self.write()
+
+    def _instrument(self, module: Any, rearm: bool) -> None:
         try:
             name = module.__name__
             for qualname in sorted(self.by_module.get(name, ())):

@@ -5,12 +5,20 @@ targets it watched since when, which it entered, which returned (or raised), in 
 forward modes, and how many forward passes of each mode returned. Three outcomes per
 patch and server, and nothing else:
 
-* **ran**: a call of one of its targets returned in some process (entering is not
-  running: a call that raised proved nothing; a hit on the enclosing function of a nested
-  target, `via`, shows only that the enclosing function ran);
-* **not run**: in one process, every target of the patch was watched, none was entered,
-  and after they became watched that same process returned a forward pass of every mode
-  the patch's path serves in this server. Request handling, health checks, a rejected
+* **ran**: a call of one of its targets returned in some process, and that target's
+  execution shows the patch's code ran: the patch's own function (`+`), an upstream
+  function whose every changed line runs on each call (`=`) of a patch with no gate, a
+  manifest `trace:` entry, or the import of a patch that changes module level only.
+  Entering is not running (a call that raised proved nothing); a hit on the enclosing
+  function of a nested target (`via`) shows only that the enclosing function ran; an
+  upstream function whose changed lines may not run (`?`: a dispatcher, a branch), or
+  any changed upstream function of a gated patch, runs with the patch's behaviour off
+  too: its call only corroborates a state already declared active (`weak`);
+* **not run**: in one process, every target that would show the patch's code ran (its
+  own functions; else all its changed functions) was watched, none was entered there or
+  anywhere, and after they became watched that same process returned a forward pass of
+  every mode the patch's path serves in this server; a patch with a compiled kernel is
+  never shown not to run (a kernel's launches cannot be watched). Request handling, health checks, a rejected
   request, a forward of a draft model or work in another process never count: the code
   that would run the patch had to run, in the process that would run it;
 * **none**: anything else, with the reason (tracing off, an older record format, a
@@ -25,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from patchset.agent.staleness import PATCHES_VAR
-from patchset.agent.tracer import DRAFT, FORWARD, KERNEL, MODULE, OUTSIDE
+from patchset.agent.tracer import DRAFT, FORWARD, KERNEL, MODULE, OUTSIDE, split_flag
 
 from .model import Server
 
@@ -109,10 +117,11 @@ class Observation:
     none: str                        # why neither (empty when ran or not_run)
     entered: tuple[dict, ...] = ()   # entered, never returned: no evidence either way
     processes: int = 0
+    weak: tuple[dict, ...] = ()      # returned, but runs with the behaviour off too
 
     @property
     def observed_not_run(self) -> bool:
-        return bool(self.not_run) and not self.ran and not self.entered
+        return bool(self.not_run) and not self.ran
 
 
 def records(server: Server) -> list[dict]:
@@ -138,28 +147,48 @@ def word_for(server: Server, name: str) -> str | None:
     return None
 
 
-def observe(server: Server, patch: str, paths: Iterable[str]) -> Observation | None:
-    """`patch` is `name:sha12`; `paths` the paths it would run in here (prefill, decode).
+def observe(server: Server, patch: str, paths: Iterable[str],
+            gated: bool = False) -> Observation | None:
+    """`patch` is `name:sha12`; `paths` the paths it would run in here (prefill, decode);
+    `gated`: the patch has an env gate (its changed upstream functions run either way).
     None when the server has no trace records at all."""
     recs = parsed(server)
     if not recs:
         return None
     ran: list[dict] = []
+    weak: list[dict] = []
     entered: list[dict] = []
     for rec in (r for r in recs if r.format >= FORMAT):
         for target in rec.mine(patch):
             hit = rec.hits.get(target)
-            if hit is not None:
-                (ran if _counts(rec, patch, target, hit) else entered).append(
-                    _entry(rec, target, hit))
+            if hit is None:
+                continue
+            if not _counts(rec, patch, target, hit):
+                entered.append(_entry(rec, target, hit))
+            else:
+                (ran if proves(target, gated) else weak).append(_entry(rec, target, hit))
     need = sorted(set(paths))
     not_run, why = [], []
     for rec in recs:
-        shown, reason = _not_run_in(rec, patch, need)
+        shown, reason = _not_run_in(rec, patch, need, gated)
         (not_run if shown else why).append(shown or reason)
-    none = "" if ran or not_run else _none(entered, why)
+    if any(e["target"] in map(name, _judged(rec.mine(patch), gated)) for rec in recs
+           for e in entered if e["pid"] == rec.pid):
+        not_run = []                     # its code was entered somewhere: not "not run"
+    none = "" if ran or not_run else _none(entered + weak, why)
     return Observation(patch, tuple(ran), tuple(x for x in not_run if x), none,
-                       tuple(entered), len(recs))
+                       tuple(entered), len(recs), tuple(weak))
+
+
+def name(target: str) -> str:
+    """A record key as people read it: `module:qualname`, without its evidence flag."""
+    return target[len(split_flag(target)[0]):]
+
+
+def proves(target: str, gated: bool) -> bool:
+    """Does a returned call of this target show the patch's code ran (FLAGS)?"""
+    flag = split_flag(target)[0]
+    return flag == "+" or (flag == "=" and not gated) or target.endswith(":" + MODULE)
 
 
 def _counts(rec: ProcessRecord, patch: str, target: str, hit: Hit) -> bool:
@@ -170,23 +199,35 @@ def _counts(rec: ProcessRecord, patch: str, target: str, hit: Hit) -> bool:
     return hit.ran
 
 
-def _not_run_in(rec: ProcessRecord, patch: str, need: list[str]) -> tuple[dict | None, str]:
-    """The not-run rule in one process: (evidence, "") or (None, why not)."""
+def _not_run_in(rec: ProcessRecord, patch: str, need: list[str],
+                gated: bool = False) -> tuple[dict | None, str]:
+    """The not-run rule in one process: (evidence, "") or (None, why not). Judged on the
+    targets that prove the patch's code ran (its own functions, unconditional changes of
+    an ungated patch), else on all its function targets; a module import is loading, not
+    running; a compiled kernel cannot be watched, so a patch with one is never shown not
+    to run (upstream code could launch it)."""
     pid = f"pid {rec.pid}"
     if rec.format < FORMAT:
         return None, f"{pid}: a record of tracer format {rec.format} (restart to update)"
     targets = rec.mine(patch)
     if not targets:
         return None, f"{pid}: watches none of its code"
-    for t in targets:
+    kernels = [t for t in targets if split_flag(t)[0] == KERNEL]
+    if kernels:
+        return None, (f"{pid}: {name(kernels[0])} is a compiled kernel: its "
+                      "launches cannot be watched")
+    judged = _judged(targets, gated)
+    if not judged:
+        return None, f"{pid}: only module-level code, which ran when imported or not at all"
+    for t in judged:
         w = rec.watched.get(t)
         if w is None or w.how is None:
-            return None, f"{pid}: {t.lstrip(KERNEL)} not watched ({w.why if w else 'no entry'})"
+            return None, f"{pid}: {name(t)} not watched ({w.why if w else 'no entry'})"
         if t in rec.hits:
-            return None, f"{pid}: {t} was entered"
+            return None, f"{pid}: {name(t)} was entered"
     if not need:
         return None, f"{pid}: no path of the patch is served here"
-    since = max(rec.watched[t].at or 0.0 for t in targets)
+    since = max(rec.watched[t].at or 0.0 for t in judged)
     seen = []
     for path in need:
         after = [f for f in rec.served(path) if (f.last or 0.0) >= since]
@@ -195,6 +236,12 @@ def _not_run_in(rec: ProcessRecord, patch: str, need: list[str]) -> tuple[dict |
         seen.append(f"{sum(f.count for f in after)} {'/'.join(f.mode for f in after)} "
                     "forward pass(es)")
     return {"pid": rec.pid, "title": rec.title, "forwards": "; ".join(seen)}, ""
+
+
+def _judged(targets: list[str], gated: bool) -> list[str]:
+    """The targets the not-run rule is judged on (see _not_run_in)."""
+    functions = [t for t in targets if not t.endswith(":" + MODULE)]
+    return [t for t in functions if proves(t, gated)] or functions
 
 
 def _none(entered: list[dict], why: list[str]) -> str:
@@ -206,6 +253,12 @@ def _none(entered: list[dict], why: list[str]) -> str:
 def _unclear(entry: dict) -> str:
     """A hit that shows neither outcome, said as what it is."""
     where = f"in pid {entry['pid']} ({entry.get('title')})"
+    if entry["target"].endswith(":" + MODULE):
+        return f"{entry['target']} was imported {where} (loading shows no function ran)"
+    if entry.get("returned") and not entry.get("via"):
+        return (f"its changed upstream function {entry['target']} ran {where}, which it does "
+                "with the patch's behaviour off too (a dispatcher, a branch or a gate): "
+                "that shows nothing about the patch")
     if entry.get("via"):
         return (f"its enclosing {entry['via']} ran {where}; whether {entry['target']} ran "
                 "is unknown (a nested function is watched through its enclosing one "
@@ -215,18 +268,20 @@ def _unclear(entry: dict) -> str:
 
 
 def _entry(rec: ProcessRecord, target: str, hit: Hit) -> dict:
-    return {"pid": rec.pid, "title": rec.title, "target": target, "first": hit.first,
-            "via": hit.via, "raised": hit.raised, "modes": sorted(hit.modes)}
+    return {"pid": rec.pid, "title": rec.title, "target": name(target), "first": hit.first,
+            "via": hit.via, "raised": hit.raised, "modes": sorted(hit.modes),
+            "returned": hit.returned}
 
 
-def modes_ran(server: Server, patch: str) -> dict[str, list[int]]:
-    """Forward mode (`-`: outside any forward) -> pids where a target of `patch` ran in
-    it (entered or returned: for the path check, being called in a mode is the fact)."""
+def modes_ran(server: Server, patch: str, gated: bool = False) -> dict[str, list[int]]:
+    """Forward mode (`-`: outside any forward) -> pids where a target of `patch` that
+    proves its code ran was called in it (entered: being called in a mode is the fact)."""
     out: dict[str, list[int]] = {}
     for rec in parsed(server):
         for target in rec.mine(patch):
             hit = rec.hits.get(target)
-            if hit is None or hit.via is not None or target.endswith(":" + MODULE):
+            if hit is None or hit.via is not None or target.endswith(":" + MODULE) or \
+                    not proves(target, gated):
                 continue
             for mode in hit.modes:
                 out.setdefault(mode, [])

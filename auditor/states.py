@@ -133,10 +133,12 @@ class Evaluator:
         only a call that returned or a forward pass in the process that would run the
         code overrides it; no evidence leaves it as declared, and says why."""
         word = word_for(self.server, patch.name) if self.server else None
-        obs = observe(self.server, word, self._paths(patch)) if word and self.server else None
+        gated = patch.gate is not None
+        obs = observe(self.server, word, self._paths(patch), gated) \
+            if word and self.server else None
         if obs is None:
             return st
-        modes = tuple(sorted(modes_ran(self.server, word)))
+        modes = tuple(sorted(modes_ran(self.server, word, gated)))
         if obs.ran:
             ran = "; ".join(describe(e) for e in obs.ran[:3])
             if st.state in ("inert", "gated-off"):
@@ -160,6 +162,10 @@ class Evaluator:
                                        "miss a dispatch condition"))
             return replace(st, evidence="observed", modes=modes,
                            reason=f"{st.reason}; observed: none of its code ran while {where}")
+        if obs.weak and st.state == "active":  # corroborates what is declared, no more
+            ran = "; ".join(describe(e) for e in obs.weak[:3])
+            return replace(st, evidence="observed", ran=obs.weak, modes=modes,
+                           reason=f"{st.reason}; observed: its changed function {ran}")
         return replace(st, observation=f"no evidence yet: {obs.none}", modes=modes)
 
     def _paths(self, patch: Patch) -> tuple[str, ...]:

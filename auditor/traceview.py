@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .model import Report
-from .observed import ProcessRecord, is_marker, records
+from .observed import ProcessRecord, is_marker, name, records, split_flag
+
+
+EVIDENCE = {"+": "own", "=": "unconditional", "?": "conditional", "!": "kernel", "": "module"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class TargetRow:
     raised: str | None = None
     modes: tuple[str, ...] = ()      # forward modes it was seen in ('-': outside any)
     why: str | None = None           # why it is not watched
+    evidence: str = ""               # what a returned call shows: own | unconditional |
+                                     # conditional | kernel | module (tracer.FLAGS)
 
 
 @dataclass(frozen=True)
@@ -89,12 +94,14 @@ def _process(rec: dict, live: dict[int, str]) -> ProcessTrace:
     for target, patches in sorted(typed.targets.items(),
                                   key=lambda kv: (is_marker(kv[1]), kv[0])):
         hit, watch = typed.hits.get(target), typed.watched.get(target)
-        rows.append(TargetRow(target, patches, bool(hit and hit.ran),
+        rows.append(TargetRow(name(target), patches, bool(hit and hit.ran),
                               hit.first if hit else None, hit.via if hit else None,
                               watch.how if watch else None, hit.returned if hit else None,
                               hit.raised if hit else None,
                               tuple(sorted(hit.modes)) if hit else (),
-                              watch.why if watch else None))
+                              watch.why if watch else None,
+                              "forward entry" if is_marker(patches) else
+                              EVIDENCE[split_flag(target)[0]]))
     return ProcessTrace(typed.pid, live.get(typed.pid) or typed.title, rec.get("mode"),
                         tuple(rows), typed.unavailable,
                         {m: f.count for m, f in sorted(typed.forwards.items())})

@@ -81,7 +81,6 @@ TRACE_RUN = tracer.RUN_DIR
 # kernel did not run (request handling in the main process never does).
 FORWARD_ENTRIES = ("sglang.srt.model_executor.model_runner:ModelRunner.forward",)
 FORWARD = tracer.FORWARD
-KERNEL = tracer.KERNEL
 TRACE_MODULE = validate.MODULE_NAME
 TRACE_QUALNAME = validate.QUALNAME
 # Server flags deploy renders itself; extra_args may not repeat them.
@@ -441,9 +440,11 @@ def role_applied(applied: list[dict], role: str) -> list[dict]:
 
 def trace_value(applied: list[dict], traces: dict) -> str:
     """PATCHSET_TRACE: `NAME:SHA12=MODULE:QUALNAME,...` for every applied patch (its
-    targets as the host derived them: patchset/agent/tracetargets.py; a compiled kernel
-    as `!MODULE:QUALNAME`, listed so that the audit knows the patch is not wholly
-    watchable), then `~forward=` the server's forward entry. Every role watches every
+    targets as the host derived them: patchset/agent/tracetargets.py, each prefixed by
+    what a returned call of it shows (tracer.FLAGS: `!` a compiled kernel, never
+    watchable; `+` the patch's own function; `=` an upstream function whose changed lines
+    run on every call; `?` one whose changed lines may not), then `~forward=` the server's
+    forward entry. Every role watches every
     applied patch, so a path tag is checked against what ran. Every name is checked again
     here: the targets come from the host."""
     words = []
@@ -458,8 +459,7 @@ def trace_value(applied: list[dict], traces: dict) -> str:
                                  "qualified name (is the tree damaged?)")
         if targets:
             words.append(word + "=" + ",".join(
-                f"{KERNEL if t.get('kind') == 'kernel' else ''}{t['module']}:{t['qualname']}"
-                for t in targets))
+                f"{tracer.evidence_flag(t)}{t['module']}:{t['qualname']}" for t in targets))
     return " ".join(words + [f"{FORWARD}=" + ",".join(FORWARD_ENTRIES)])
 
 

@@ -15,9 +15,13 @@ from auditor.states import evaluate_host
 
 D = "sglang-decode.service"
 FWD = "sglang.srt.model_executor.model_runner:ModelRunner.forward"
-MHC = "sglang.srt.models.deepseek_v4:DeepseekV4DecoderLayer.hc_pre.<locals>.hc_pre_torch_impl"
-IDX = "sglang.srt.layers.attention.dsv4.indexer:fp8_paged_mqa_logits_torch_sm120"
-SPLITK = "sglang.srt.layers.attention.flash_mla_sm120_triton:flash_mla_sparse_decode_triton"
+# as deploy writes them (tracer.FLAGS): `=` an upstream function whose changed lines run
+# on every call, `+` the patch's own function, `?` a dispatcher, `!` a compiled kernel
+MHC = "=sglang.srt.models.deepseek_v4:DeepseekV4DecoderLayer.hc_pre.<locals>.hc_pre_torch_impl"
+IDX = "=sglang.srt.layers.attention.dsv4.indexer:fp8_paged_mqa_logits_torch_sm120"
+SPLITK = "+sglang.srt.layers.attention.flash_mla_sm120_triton:_run_splitk_mma_sparse_decode"
+DISPATCH = "?sglang.srt.layers.attention.flash_mla_sm120_triton:flash_mla_sparse_decode_triton"
+KERNEL = "!sglang.srt.layers.attention.flash_mla_sm120_triton:_splitk_mma_decode_kernel"
 
 
 def decode(desc: dict) -> dict:
@@ -35,10 +39,10 @@ def traced(seed: dict, series, ran: list[str], work: bool = True, loaded=None,
     by = series.by_name()
     srv["env"]["PATCHSET_PATCHES"] = " ".join(f"{n}:{by[n].sha256[:12]}" for n in applied)
     watch = {MHC: ["mhc-bf16"], IDX: ["indexer-bf16-gemm"], SPLITK: ["mma-splitk-decode"],
-             FWD: ["~forward"]}
+             DISPATCH: ["mma-splitk-decode"], FWD: ["~forward"]}
     srv["trace"] = [
         {"pid": srv["pid"], "title": "python3", "watch": watch,
-         "unwatched": [MHC, IDX, SPLITK, FWD]},
+         "unwatched": [MHC, IDX, SPLITK, DISPATCH, FWD]},
         {"pid": srv["pid"] + 1, "title": "sglang::scheduler_TP0", "watch": watch,
          "ran": ran, "forward": {"decode": 4} if work else {}, **proc}]
     return desc
@@ -58,8 +62,8 @@ def test_tracing_off_is_declared(series, seed) -> None:
 def test_a_target_that_ran_makes_the_state_observed(series, seed) -> None:
     st = state(series, traced(seed, series, [MHC], ran_in={MHC: ["decode"]}), "mhc-bf16")
     assert st.state == "active" and st.evidence == "observed" and st.modes == ("decode",)
-    assert st.ran[0]["pid"] == 2001 and st.ran[0]["target"] == MHC
-    assert (f"observed: {MHC} ran in decode forward passes in pid 2001 "
+    assert st.ran[0]["pid"] == 2001 and st.ran[0]["target"] == MHC[1:]
+    assert (f"observed: {MHC[1:]} ran in decode forward passes in pid 2001 "
             "(sglang::scheduler_TP0)") in st.reason
 
 
@@ -139,7 +143,7 @@ def test_entered_raised_or_via_the_outer_function_is_not_ran(series, seed) -> No
     desc = traced(seed, series, [], entered=[IDX, MHC], raised={IDX: "RuntimeError"})
     st = state(series, desc, "mhc-bf16")
     assert (st.state, st.evidence, st.ran) == ("active", "declared", ())
-    assert f"{MHC} was entered in pid 2001" in st.observation
+    assert f"{MHC[1:]} was entered in pid 2001" in st.observation
     st = state(series, desc, "indexer-bf16-gemm")
     assert "never returned (raised RuntimeError)" in st.observation
     desc = traced(seed, series, [MHC], via={MHC: "DeepseekV4DecoderLayer.hc_pre"})
@@ -230,7 +234,7 @@ def test_the_trace_command_lists_what_ran_and_exits_1_on_a_contradiction(
     [dec] = [v for v in json.loads(out) if v["server"] == D]
     proc = next(p for p in dec["processes"] if p["pid"] == 2001)
     ran = {r["target"] for r in proc["targets"] if r["ran"]}
-    assert ran == {MHC, SPLITK} and IDX in {r["target"] for r in proc["targets"]}
+    assert ran == {MHC[1:], SPLITK[1:]} and IDX[1:] in {r["target"] for r in proc["targets"]}
     assert proc["forwards"] == {"decode": 4}
     assert dec["contradictions"] == [] and dec["traced"] is True
     prefill = next(v for v in json.loads(out) if v["server"] != D)
@@ -240,9 +244,9 @@ def test_the_trace_command_lists_what_ran_and_exits_1_on_a_contradiction(
     code, out, err = cli(capsys, "trace", "gpu1", "--inventory", str(tmp_path / "hosts.yaml"))
     assert code == 1, out
     assert "mma-splitk-decode: declared-active-not-run" in out, out
-    assert f"ran {MHC} in no forward  [mhc-bf16]" in out, out
-    assert f"watched {SPLITK}  [mma-splitk-decode]" in out
-    assert f"unwatched {SPLITK}  [mma-splitk-decode] (not imported in this process)" in out
+    assert f"ran {MHC[1:]} in no forward  [mhc-bf16]" in out, out
+    assert f"watched {SPLITK[1:]}  [mma-splitk-decode]" in out
+    assert f"unwatched {SPLITK[1:]}  [mma-splitk-decode] (not imported in this process)" in out
     assert "forward passes: 4 decode" in out
 
 
@@ -304,3 +308,35 @@ def test_an_unknown_state_whose_code_ran_is_active_observed(series, seed, pinned
     st = state(series, desc, "mma-splitk-decode")
     assert (st.state, st.evidence, st.declared) == ("active", "observed", "unknown")
     assert "undeclared guard SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1" in st.reason
+
+
+def test_a_gated_patchs_dispatcher_running_with_the_gate_off_shows_nothing(series,
+                                                                          seed) -> None:
+    """The H200 run of bench/kernels/observe_gpu.py: with MMA_FLASHMLA unset, split-K's
+    changed dispatcher (flash_mla_sparse_decode_triton) runs on every decode and returns,
+    its own launcher never: gated-off stays gated-off (no trace[inert-but-ran]); the
+    launcher not entered while decode forwards returned is the evidence."""
+    desc = traced(seed, series, [DISPATCH], ran_in={DISPATCH: ["decode"]})
+    decode(desc)["env"].pop("MMA_FLASHMLA", None)
+    st = state(series, desc, "mma-splitk-decode")
+    assert st.state == "gated-off" and st.contradiction is None, st.reason
+    assert st.evidence == "observed" and "none of its code ran while pid 2001" in st.reason
+    rep = api.evaluate(series, [synth.facts(desc, series)])
+    assert not [f for f in rep.findings if f.id == "trace[inert-but-ran]"]
+
+
+def test_a_dispatcher_that_ran_is_not_the_patch_running(series, seed) -> None:
+    """Gate on, decode forwards returned, the dispatcher ran, the launcher never: the
+    patch's code did not run (declared-active-not-run); before any forward, the
+    dispatcher's call only corroborates the declared state; a compiled kernel among the
+    targets makes "not run" unknowable (upstream code could launch it)."""
+    st = state(series, traced(seed, series, [DISPATCH]), "mma-splitk-decode")
+    assert (st.state, st.contradiction) == ("inert", "declared-active-not-run")
+    st = state(series, traced(seed, series, [DISPATCH], work=False), "mma-splitk-decode")
+    assert (st.state, st.evidence) == ("active", "observed")
+    assert "observed: its changed function" in st.reason
+    desc = traced(seed, series, [])
+    decode(desc)["trace"][1]["watch"][KERNEL] = ["mma-splitk-decode"]
+    st = state(series, desc, "mma-splitk-decode")
+    assert (st.state, st.evidence) == ("active", "declared")
+    assert "is a compiled kernel: its launches cannot be watched" in st.observation

@@ -92,8 +92,9 @@ def readme_targets() -> dict[str, set[tuple[str, str]]]:
     text = (ROOT / "README.md").read_text()
     section = text.split("<!-- trace-targets -->")[1].split("<!-- /trace-targets -->")[0]
     out: dict[str, set[tuple[str, str]]] = {}
-    for m in re.finditer(r"^\| ([a-z0-9-]+) \| (\w+) \| `([^`]+)` \|", section, re.M):
-        out.setdefault(m.group(1), set()).add((m.group(2), m.group(3)))
+    for m in re.finditer(r"^\| ([a-z0-9-]+) \| (\w+) \| `([^`]+)` \| (\w+) \|", section,
+                         re.M):
+        out.setdefault(m.group(1), set()).add((m.group(2), m.group(3), m.group(4)))
     return out
 
 
@@ -111,7 +112,8 @@ def test_every_shipped_patch_has_a_function_target_and_the_readme_lists_them(
     assert [k.split(":")[0] for k in derived] == [p.name for p in series.patches]
     for word, found in derived.items():
         assert any(t["kind"] == "function" for t in found), word
-    assert readme_targets() == {k.split(":")[0]: {(t["kind"], f"{t['module']}:{t['qualname']}")
+    assert readme_targets() == {k.split(":")[0]: {(t["kind"], f"{t['module']}:{t['qualname']}",
+                                                   t["evidence"])
                                                   for t in v} for k, v in derived.items()}
 
 
@@ -142,3 +144,27 @@ def test_manifest_trace_entries_are_read_and_checked(tmp_path: Path) -> None:
             "  - name: mhc-bf16\n", f"  - name: mhc-bf16\n    trace: [{bad}]\n", 1))
         with pytest.raises(ManifestError, match=r"patches\.yaml:\d+: .*trace"):
             load_series(tmp_path / "patches.yaml")
+
+
+def test_what_a_returned_call_of_each_target_shows() -> None:
+    """new: a function the pre-image lacks; unconditional: every changed line runs on
+    each call (a top-level statement no earlier one can return past, or the def line);
+    conditional: a changed line in a branch, after an early return, or in a `x if c else
+    y` (the dispatcher of a gated patch: it runs with the gate off too)."""
+    before = (b"def plain(x):\n    y = x\n    return y\n"
+              b"def branch(x, flag):\n    if flag:\n        return 1\n    return x\n"
+              b"def early(x):\n    if x:\n        return 0\n    y = x\n    return y\n"
+              b"def pick(x, flag):\n    return x if flag else -x\n"
+              b"def sig(x):\n    return x\n")
+    after = (b"def plain(x):\n    y = x + 1\n    return y\n"
+             b"def branch(x, flag):\n    if flag:\n        return 2\n    return x\n"
+             b"def early(x):\n    if x:\n        return 0\n    y = x + 1\n    return y\n"
+             b"def pick(x, flag):\n    return x if flag else x * -1\n"
+             b"def sig(x, scale=2):\n    return x\n"
+             b"def helper():\n    return 3\n")
+    got = {t.qualname: t.evidence for t in for_patch("p", [("python/sglang/m.py", before,
+                                                             after)], "python/")}
+    assert got == {"plain": "unconditional", "branch": "conditional", "early": "conditional",
+                   "pick": "conditional", "sig": "unconditional", "helper": "new"}, got
+    declared = for_patch("p", [], "python/", [{"module": "sglang.m", "qualname": "f"}])
+    assert [t.evidence for t in declared] == ["declared"]

@@ -469,21 +469,22 @@ def test_the_runner_ships_as_a_bundle_and_reads_facts(tmp_path: Path) -> None:
 
 TRACES = {f"idx-c:{'c' * 12}": [
     {"module": "sglang.srt.layers.idx", "qualname": "Backend.forward.<locals>.kernel_call",
-     "kind": "function"},
+     "kind": "function", "evidence": "new"},
     {"module": "sglang.srt.layers.idx", "qualname": "_triton_kernel", "kind": "kernel"},
     {"module": "sglang.srt.layers.idx", "qualname": "<module>", "kind": "module"}]}
 
 
 def test_the_tracer_is_on_by_default_with_the_host_derived_targets() -> None:
-    """Each role's env gets PATCHSET_TRACE (the targets of every applied patch, a compiled
-    kernel marked `!`, then the server's forward entry), its records dir and the tracer
+    """Each role's env gets PATCHSET_TRACE (the targets of every applied patch, each
+    marked with what its call shows: `+` the patch's own function, `!` a compiled kernel;
+    then the server's forward entry), its records dir and the tracer
     first on PYTHONPATH; the unit gets a root-only RuntimeDirectory for the records."""
     h = host()
     out = units.render(h, units.resolve(h, ["prefill", "decode"], "/opt/sglang",
                                         {"applied": APPLIED, "trace": TRACES}, "git"))
     env = {r: units.parse_env_file(out[r].env_text) for r in out}
     decode = env["decode"]["PATCHSET_TRACE"].split()
-    assert decode[0] == (f"idx-c:{'c' * 12}=sglang.srt.layers.idx:Backend.forward.<locals>."
+    assert decode[0] == (f"idx-c:{'c' * 12}=+sglang.srt.layers.idx:Backend.forward.<locals>."
                          "kernel_call,!sglang.srt.layers.idx:_triton_kernel,"
                          "sglang.srt.layers.idx:<module>")
     assert decode[-1] == f"{units.FORWARD}=" + ",".join(units.FORWARD_ENTRIES)

@@ -54,7 +54,8 @@ def check(ctx: AuditContext) -> list[Finding]:
                     sub="declared-active-not-run", patches=(st.patch,)))
         for patch in ctx.series.patches:
             word = word_for(server, patch.name)
-            wrong = path_disagreement(patch.path, modes_ran(server, word)) if word else None
+            wrong = path_disagreement(patch.path, modes_ran(server, word, patch.gate is not None)
+                                      ) if word else None
             if wrong:
                 found_any = True
                 out.append(finding(host.host, f"{server.id} {patch.name}",

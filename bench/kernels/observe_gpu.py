@@ -707,13 +707,14 @@ def judge(run: dict, targets: dict) -> dict:
         for p in targets["series"]:
             word = f"{p['name']}:{p['sha256'][:12]}"
             paths = [x for x in ("prefill", "decode") if p["path"] in (None, "both", x)]
-            obs = observe(srv, word, paths)
+            gated = p.get("gate") is not None
+            obs = observe(srv, word, paths, gated)
             if obs is None:
                 out[p["name"]] = {"verdict": "none", "why": "no records"}
                 continue
             verdict = "ran" if obs.ran else "not run" if obs.observed_not_run else "none"
             out[p["name"]] = {
-                "verdict": verdict, "modes": sorted(modes_ran(srv, word)),
+                "verdict": verdict, "modes": sorted(modes_ran(srv, word, gated)),
                 "why": obs.none if verdict == "none" else (
                     "; ".join(f"{e['target']} returned in pid {e['pid']}" for e in obs.ran[:2])
                     if obs.ran else obs.not_run[0]["forwards"]),
@@ -743,9 +744,9 @@ CASES = [
      "MMA_FLASHMLA=1: split-K ran", "modes has decode"),
     ("3 routed off by the Triton gate", "series", "TP2", "indexer-bf16-gemm", "not run",
      "TRITON_INDEXER=1: the torch indexer never called", ""),
-    ("3 gated off, targets as derived", "series", "TP2", "mma-splitk-decode", "ran",
-     "MMA_FLASHMLA unset: split-K never called, but the dispatcher's changed lines ran",
-     "FINDING"),
+    ("3 gated off, targets as derived", "series", "TP2", "mma-splitk-decode", "none",
+     "MMA_FLASHMLA unset: split-K never called; its changed dispatcher ran (with the gate "
+     "off too), its kernels cannot be watched", "why has 'behaviour off too'"),
     ("4 no forward pass", "series", "TP3", "mhc-bf16", "none",
      "imported, nothing ran", "why has 'forward pass'"),
     ("4 no forward pass", "series", "TP3", "mma-splitk-decode", "none",

@@ -7,8 +7,10 @@ spawned `sglang::scheduler_*` children included (they inherit the environment). 
 unless PATCHSET_TRACE (what to watch) and PATCHSET_TRACE_DIR (where to write) are set.
 
 PATCHSET_TRACE is space-separated words `NAME:SHA12=MODULE:QUALNAME,MODULE:QUALNAME...`
-(the targets patchset/agent/tracetargets.py derived from each applied patch; a target
-written `!MODULE:QUALNAME` is a compiled kernel, listed but never watchable), and
+(the targets patchset/agent/tracetargets.py derived from each applied patch, each
+prefixed by what a returned call of it shows, FLAGS: `!` a compiled kernel, listed but
+never watchable; `+` the patch's own function; `=` an upstream function whose changed
+lines run on every call; `?` one whose changed lines may not; none: a module), and
 `~forward=MODULE:QUALNAME`: the server's forward entry (0.5.14's `ModelRunner.forward`).
 A target module is instrumented right after it is imported (a meta-path finder wraps its
 loader; nothing else is touched):
@@ -62,6 +64,10 @@ PATCHES_VAR = "PATCHSET_PATCHES"
 MODULE = "<module>"
 FORWARD = "~forward"                  # the word naming the server's forward entry points
 KERNEL = "!"                          # prefix of a compiled-kernel target (never watchable)
+# A target's prefix says what a returned call of it shows (tracetargets.TraceTarget
+# .evidence): the tracer strips it to find the code and keeps it in the record's keys.
+FLAGS = {"kernel": KERNEL, "new": "+", "declared": "+", "unconditional": "=",
+         "conditional": "?", "module": ""}
 OUTSIDE = "-"                         # a target's mode when it ran outside any forward
 DRAFT = "draft:"                      # prefix of a draft worker's forward mode
 MAX_TARGETS = 512
@@ -95,9 +101,25 @@ def parse(spec: str) -> dict[tuple[str, str], list[str]]:
             continue
         for target in targets.split(","):
             module, sep, qualname = target.partition(":")
-            if sep and module.lstrip(KERNEL) and qualname:
+            if sep and split_flag(module)[1] and qualname:
                 out.setdefault((module, qualname), []).append(patch)
     return out
+
+
+def evidence_flag(target: dict) -> str:
+    """The PATCHSET_TRACE prefix of a derived target (tracetargets.TraceTarget.to_json);
+    a target of an older host (no `evidence`) is `?`, or `!` for a kernel."""
+    if target.get("kind") == "kernel":
+        return KERNEL
+    if target.get("qualname") == MODULE:
+        return ""
+    return FLAGS.get(str(target.get("evidence")), "?")
+
+
+def split_flag(module: str) -> tuple[str, str]:
+    """`+sglang.x` -> ("+", "sglang.x")."""
+    flag = module[:1] if module[:1] in "!+=?" else ""
+    return flag, module[len(flag):]
 
 
 def forward_mode(runner: Any, batch: Any) -> str:
@@ -122,10 +144,13 @@ class _Tracer:
         self.dir = directory
         self.started_with = started_with
         self.by_module: dict[str, set[str]] = {}
+        self.keys: dict[tuple[str, str], str] = {}   # (module, qualname) -> record key
         self.forward_keys = {f"{m}:{q}" for (m, q), p in targets.items() if FORWARD in p}
         for module, qualname in targets:
-            if not module.startswith(KERNEL):
-                self.by_module.setdefault(module, set()).add(qualname)
+            flag, name = split_flag(module)
+            if flag != KERNEL:
+                self.by_module.setdefault(name, set()).add(qualname)
+                self.keys[(name, qualname)] = _key(module, qualname)
         self.hits: dict[str, dict] = {}
         self.found: dict[str, dict] = {_key(m, q): _pending(m) for (m, q) in targets}
         self.forwards: dict[str, dict] = {}
@@ -203,7 +228,7 @@ class _Tracer:
         try:
             name = module.__name__
             for qualname in sorted(self.by_module.get(name, ())):
-                key = _key(name, qualname)
+                key = self.keys[(name, qualname)]
                 if key in self.forward_keys:
                     if not rearm:
                         self._wrap_forward(module, qualname, key)
@@ -432,7 +457,7 @@ def _key(module: str, qualname: str) -> str:
 
 def _pending(module: str) -> dict:
     """A target's watch state before its module is imported."""
-    if module.startswith(KERNEL):
+    if split_flag(module)[0] == KERNEL:
         return {"how": None, "at": None,
                 "why": "a compiled kernel: its Python body never runs, no call can be seen"}
     return {"how": None, "at": None, "why": "not imported in this process"}

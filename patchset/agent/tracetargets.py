@@ -42,10 +42,18 @@ class TraceTarget:
     why: str             # how it was derived
     kind: str = "function"   # function | module | kernel (a JIT kernel: compiled, its
                              # Python body never runs, so the tracer cannot see it)
+    # what a call that returned shows (auditor/observed.py): new (the function is the
+    # patch's own: only its code path calls it), unconditional (an upstream function
+    # whose every changed line runs whenever it runs), conditional (an upstream function
+    # whose changed lines may not run, or a dispatcher: it runs with the patch's
+    # behaviour off too), declared (a manifest `trace:` entry: the author's evidence
+    # point); modules and kernels: module, kernel
+    evidence: str = "conditional"
 
     def to_json(self) -> dict:
         return {"patch": self.patch, "module": self.module, "qualname": self.qualname,
-                "file": self.file, "line": self.line, "why": self.why, "kind": self.kind}
+                "file": self.file, "line": self.line, "why": self.why, "kind": self.kind,
+                "evidence": self.evidence}
 
     @property
     def traceable(self) -> bool:
@@ -54,11 +62,13 @@ class TraceTarget:
 
 @dataclass(frozen=True)
 class PostImage:
-    """A touched file after a patch: its text and the post-image lines the patch changed."""
+    """A touched file after a patch: its text, the post-image lines the patch changed,
+    and the qualnames its pre-image already defined (None: no parseable pre-image)."""
 
     path: str
     text: str
     changed: frozenset[int]
+    before: frozenset[str] | None = None
 
 
 def for_patch(patch: str, files: Iterable[tuple[str, bytes | None, bytes | None]],
@@ -70,11 +80,13 @@ def for_patch(patch: str, files: Iterable[tuple[str, bytes | None, bytes | None]
     for path, before, after in files:
         if path.endswith(".py") and after is not None:
             text = after.decode("utf-8", "replace")
-            image = PostImage(path, text, frozenset(changed_lines(before, text)))
+            image = PostImage(path, text, frozenset(changed_lines(before, text)),
+                              _defined(before))
             derived += _targets_in(patch, image, module_name(path, git_prefix))
     extra = [TraceTarget(patch, str(t["module"]), str(t["qualname"]), str(t.get("file") or ""),
                          0, "manifest trace:",
-                         MODULE_KIND if t["qualname"] == MODULE else "function")
+                         MODULE_KIND if t["qualname"] == MODULE else "function",
+                         MODULE_KIND if t["qualname"] == MODULE else "declared")
              for t in declared]
     out = extra if mode == "replace" else derived + extra
     return list(dict.fromkeys(out))
@@ -157,11 +169,12 @@ def _targets_in(patch: str, image: PostImage, module: str) -> list[TraceTarget]:
         else:
             module_lines.append(line)
     out = [TraceTarget(patch, module, q, image.path, s.first, f"body changed ({_span(ls)})",
-                       s.kind) for q, (s, ls) in functions.items()]
+                       s.kind, _strength(s, ls, image.before))
+           for q, (s, ls) in functions.items()]
     if module_lines:
         out.append(TraceTarget(patch, module, MODULE, image.path, 0,
                                f"module-level change ({_span(module_lines)}): ran when imported",
-                               MODULE_KIND))
+                               MODULE_KIND, MODULE_KIND))
         out += _users(patch, image, module, tree, scopes, module_lines, set(functions))
     return out
 
@@ -180,8 +193,76 @@ def _users(patch: str, image: PostImage, module: str, tree: ast.Module,
         if hit:
             out.append(TraceTarget(patch, module, scope.qualname, image.path, scope.first,
                                    f"uses {', '.join(hit)} (changed at module level)",
-                                   scope.kind))
+                                   scope.kind, "conditional"))
     return out
+
+
+def _defined(before: bytes | None) -> frozenset[str] | None:
+    """The qualnames of every def and class of the pre-image (None: none to parse)."""
+    if before is None:
+        return frozenset()
+    try:
+        tree = ast.parse(before.decode("utf-8", "replace"))
+    except SyntaxError:
+        return None
+    return frozenset(s.qualname for s in _scopes(tree))
+
+
+def _strength(scope: _Scope, lines: list[int], before: frozenset[str] | None) -> str:
+    """What a returned call of this changed function shows: `new` when upstream had no
+    such function, `unconditional` when every changed line is a statement of its body
+    that runs on every call that returns (or its def line), else `conditional`."""
+    if scope.kind == "kernel":
+        return "kernel"
+    if before is not None and scope.qualname not in before:
+        return "new"
+    return "unconditional" if _every_call_runs(scope.node, lines) else "conditional"
+
+
+def _every_call_runs(func: ast.AST, lines: list[int]) -> bool:
+    """Every changed line is in the def line (signature, decorators) or in a top-level
+    statement of the body that is not a branch or loop and that no earlier top-level
+    statement can return, raise or jump past."""
+    body = getattr(func, "body", [])
+    start = body[0].lineno if body else getattr(func, "lineno", 0)
+    for line in lines:
+        if line < start:
+            continue                                   # def line, decorators: every call
+        index = next((i for i, st in enumerate(body)
+                      if st.lineno <= line <= (st.end_lineno or st.lineno)), None)
+        if index is None or isinstance(body[index], BRANCHES) or _chooses(body[index]):
+            return False
+        if any(_exits(st) for st in body[:index]) or _exits(body[index], nested_only=True):
+            return False
+    return True
+
+
+BRANCHES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match, ast.With,
+            ast.AsyncWith) if hasattr(ast, "Match") else (ast.If, ast.For, ast.AsyncFor,
+                                                          ast.While, ast.Try, ast.With,
+                                                          ast.AsyncWith)
+
+
+def _chooses(stmt: ast.AST) -> bool:
+    """An expression that picks one of two paths (`a if c else b`, `a and b`, `a or b`, a
+    filtered comprehension): the changed part may be the one not taken."""
+    return any(isinstance(n, (ast.IfExp, ast.BoolOp)) or
+               (isinstance(n, ast.comprehension) and n.ifs) for n in ast.walk(stmt))
+
+
+def _exits(stmt: ast.AST, nested_only: bool = False) -> bool:
+    """Can this statement leave the function early (a return, raise or yield in it, not
+    in a nested def)? `nested_only`: a lambda or comprehension does not count."""
+    todo = [stmt] if not nested_only else list(ast.iter_child_nodes(stmt))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Return, ast.Raise, ast.Yield, ast.YieldFrom)) and \
+                not (nested_only and node is stmt):
+            return True
+        todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _compiled(node: ast.AST) -> bool:

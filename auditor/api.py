@@ -137,7 +137,7 @@ def probe_findings(host: str, results: list[ProbeResult]) -> list[Finding]:
     the context was not tested (server-health says why the server is down)."""
     out = []
     for r in results:
-        status = "pass" if r.ok else "unknown" if r.unreachable else "fail"
+        status = "pass" if r.ok else "unknown" if r.unreachable or r.inconclusive else "fail"
         out.append(Finding(
             id=f"{PROBE_CHECK}[{r.probe}]", host=host, subject=f"{r.name} {r.url}".strip(),
             expected=r.expected or "a chat completion", found=r.error or r.answer,

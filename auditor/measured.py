@@ -29,7 +29,8 @@ from patchset import inputfile
 from patchset.errors import ManifestError, UsageError
 from patchset.model import Series
 
-from .model import HOW_ATTRIBUTED, HOW_CLEARED, Contribution, Measured, MeasuredStep
+from .model import (HOW_ATTRIBUTED, HOW_CLEARED, HOW_UNDECIDED, Contribution, Measured,
+                    MeasuredStep)
 from .policy import AuditDataError
 
 STRATEGY = "group-testing"
@@ -97,9 +98,9 @@ def parse(data: Any, source: str, hosts: Sequence[str], series: Series) -> Measu
         if c.suspect not in patches:
             raise MeasuredError(f"{where}: {at}.suspect: {c.suspect!r} is not a patch of the "
                                 f"series ({series.manifest})")
-        if c.how not in HOW_ATTRIBUTED + HOW_CLEARED:
+        if c.how not in HOW_ATTRIBUTED + HOW_CLEARED + HOW_UNDECIDED:
             raise MeasuredError(f"{where}: {at}.how: {c.how!r} is not one of "
-                                f"{', '.join(HOW_ATTRIBUTED + HOW_CLEARED)}")
+                                f"{', '.join(HOW_ATTRIBUTED + HOW_CLEARED + HOW_UNDECIDED)}")
         if not c.low <= (c.value if c.value is not None else c.low) <= c.high:
             shown = "null" if c.value is None else f"{c.value:g}"
             raise MeasuredError(f"{where}: {at}: low {c.low:g}, value {shown}, high "

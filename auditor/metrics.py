@@ -219,17 +219,28 @@ def _probe(fam: Families, h: str, probe: dict) -> None:
                 overall.get("mean")),
                ("drift_p99", "p99 of the per-token KL estimate", overall.get("p99")),
                ("drift_tokens", "tokens the drift was measured on", overall.get("tokens")),
-               ("drift_threshold", "the noise threshold the drift is judged against",
-                verdict.get("threshold")),
-               ("drift_above", "1 when the drift is above the noise, 0 within it",
-                verdict.get("above")))
+               ("drift_tolerance", "the drift per token that matters (bounded below it: "
+                "a pass)", verdict.get("tolerance")),
+               ("drift_upper", "the upper confidence bound of the drift beyond the noise, "
+                "per token", verdict.get("upper")),
+               ("drift_detectable", "the smallest drift the probe could tell from the noise "
+                "at 80% power", verdict.get("detectable")),
+               ("drift_above", "1 when the drift is above the noise, 0 bounded below the "
+                "tolerance (absent: inconclusive)", verdict.get("above")),
+               ("drift_noise_mean", "mean per-token KL estimate between replays of the same "
+                "tokens (the noise)", _noise(verdict.get("noise"))))
     for name, doc, value in figures:
         if value is not None:
             fam.gauge("probe_" + name, doc, key, values, float(value))
-    noise = [v for v in verdict.get("noise") or [] if v is not None]
-    if noise:
-        fam.gauge("probe_drift_noise_mean", "mean per-token KL estimate between replays "
-                  "of the same tokens (the noise)", key, values, sum(noise) / len(noise))
+
+
+def _noise(value: Any) -> float | None:
+    """The decision's mean noise; an older report's list of replay means, averaged."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    listed = [v for v in value or [] if isinstance(v, (int, float))] \
+        if isinstance(value, list) else []
+    return sum(listed) / len(listed) if listed else None
 
 
 class Fixed:

@@ -205,6 +205,7 @@ class NextStep:
 
 HOW_ATTRIBUTED = ("measured", "inferred")          # a contribution with a value
 HOW_CLEARED = ("cleared-group", "not-needed")      # taken out with a group: no value
+HOW_UNDECIDED = ("undecided",)      # neither told from the noise nor bounded: not cleared
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ class ProbeResult:
     unreachable: bool = False
     url: str = ""                 # the endpoint it was sent to (audit reports mix hosts)
     drift: dict | None = None     # probe "drift": the figures (isolate.drift DriftReport)
+    inconclusive: bool = False    # since 1.6: drift neither above nor bounded (status unknown)
 
 
 def size_label(size: int) -> str:

@@ -26,6 +26,7 @@ from .facttable import Context, role
 from patchset.agent.staleness import served_paths
 
 from .model import (
+    HOW_UNDECIDED,
     Finding,
     HostFacts,
     HostReport,
@@ -138,8 +139,12 @@ def _measure(item: _Scored, runs: list[Measured]) -> None:
     if any(m.above for m in found):
         item.band = MEASURED_ABOVE
         item.lead = max(m.value or 0.0 for m in found if m.above)
-    elif found and set(item.hosts) <= measured_on:
+    elif found and set(item.hosts) <= measured_on and \
+            not any(m.how in HOW_UNDECIDED for m in found):
         item.band = MEASURED_CLEARED
+    elif any(m.how in HOW_UNDECIDED for m in found):
+        notes.append("undecided by a measurement (neither told from the noise nor bounded "
+                     "below the tolerance): ranked with the unmeasured suspects")
     elif found:
         notes.append(f"also a suspect on {', '.join(sorted(set(item.hosts) - measured_on))}, "
                      "which no bisect measured: ranked with the unmeasured suspects")
@@ -157,6 +162,9 @@ def _measured_why(m: MeasuredContribution, band: int) -> str:
                 "ranked by it, ahead of the prior weights")
     if m.value is not None:
         said = f"contribution {_g(m.value)} {interval} ({m.how}), within {limit}"
+    elif m.how in HOW_UNDECIDED:
+        said = (f"undecided: at most {_g(m.high)} {interval}, not bounded below the "
+                "tolerance and not told from the noise")
     elif m.how == "not-needed":
         said = (f"not needed: the group before it already cleared the drift; at most "
                 f"{_g(m.high)} {interval}")

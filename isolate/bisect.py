@@ -115,6 +115,7 @@ class BisectReport:
     strategy: str = "one-at-a-time"          # | group-testing (--probe drift)
     contributions: list[dict] = field(default_factory=list)   # drift: per suspect
     threshold: float | None = None           # drift: above it a contribution is real
+    undecided: list[str] = field(default_factory=list)   # drift: neither real nor bounded
 
     @property
     def exit_code(self) -> int:
@@ -122,7 +123,9 @@ class BisectReport:
             return Exit.UNREACHABLE
         if self.restore_error or self.error:
             return Exit.FAILED
-        return Exit.INTERRUPTED if self.interrupted else Exit.OK
+        if self.interrupted:
+            return Exit.INTERRUPTED
+        return Exit.INCONCLUSIVE if self.undecided else Exit.OK
 
     @property
     def states(self) -> int:
@@ -184,11 +187,11 @@ class DriftProbe:
 
     def at(self, base: Any) -> tuple[Any, Any]:
         """(A/B drift of the starting state's tokens, this state's prefill-vs-decode)."""
-        once = replace(self.spec, repeats=1)
+        once = replace(self.spec, repeats=1, budget=0)   # one round; the noise is base's
         return self._guard(lambda: (drift.a_b(base, drift.replay_saved(self.client, base, once),
-                                              self.spec.k, noise_of=base),
+                                              self.spec.fixed, noise_of=base),
                                     drift.prefill_vs_decode(drift.measure(self.client, once),
-                                                            self.spec.k, noise_of=base)))
+                                                            self.spec.fixed, noise_of=base)))
 
     @staticmethod
     def _guard(run: Callable[[], Any]) -> Any:
@@ -266,13 +269,18 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         base = probe.baseline()
     except Unreachable as exc:
         return _refused(report, str(exc))
-    start = drift.prefill_vs_decode(base, probe.spec.k)
+    start = drift.prefill_vs_decode(base, probe.spec.judge)
+    decided = start.verdict
     report.steps.append(BisectStep(0, "baseline", "starting state", list(report.starting), [],
-                                   not start.verdict.above, [_drift_json(start)]))
-    if start.verdict.above is not True:
-        report.verdict = ("prefill and decode agree within the noise in the starting state: "
-                          "nothing to bisect" if start.verdict.above is False else
-                          f"no verdict: {start.verdict.why}")
+                                   decided.outcome == "bounded", [_drift_json(start)]))
+    if decided.outcome != "above":
+        report.verdict = (
+            f"prefill vs decode is bounded below the tolerance in the starting state "
+            f"({decided.why}): nothing to bisect" if decided.outcome == "bounded" else
+            f"the starting state's drift is inconclusive ({decided.why}); to decide: "
+            f"{decided.needs}: nothing was changed")
+        report.undecided = [] if decided.outcome == "bounded" else \
+            [c.patch for c in report.candidates]
         report.restored = True
         return report
     steps = {c.patch: c for c in report.candidates if c.plan != "skip"}
@@ -293,20 +301,22 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         started = time.monotonic()
         step = _enter(t, report, "group", _group_change(t, chosen), out, gates, say)
         ab, here = probe.at(base)
-        found = measurement(ab, here, noise, probe.spec.k)
+        found = measurement(ab, here)
         step.probe_ok = found.cleared
         step.probes = [_drift_json(ab), _drift_json(here)]
         step.seconds = round(time.monotonic() - started, 2)
         say(f"{t.host.name}: step {step.number}: A/B drift {ab.overall.overall.mean:.3g}; "
-            f"prefill vs decode {'within' if found.cleared else 'above'} the noise")
+            f"prefill vs decode {here.verdict.outcome}")
         return found
 
     def attribute() -> None:
         found = driftsearch.search(list(steps), measure, driftsearch.Noise.of(noise),
                                    probe.spec.k, cheap=frozenset(n for n, c in steps.items()
-                                                                 if c.plan == "gate-off"))
+                                                                 if c.plan == "gate-off"),
+                                   tolerance=probe.spec.tolerance)
         report.contributions = [asdict(c) for c in found.contributions]
-        report.verdict = _drift_verdict(found, threshold)
+        report.undecided = list(found.undecided)
+        report.verdict = _drift_verdict(found, threshold, probe.spec.tolerance)
         if found.culprits:
             top = max(found.contributions, key=lambda c: c.value or 0.0)
             report.culprit = {"patch": top.suspect, "action": steps[top.suspect].plan,
@@ -315,14 +325,15 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
     return _restoring(t, report, say, attribute, "interrupted before the drift was attributed")
 
 
-def measurement(ab: Any, here: Any, noise: list[float], k: float) -> driftsearch.Measurement:
+def measurement(ab: Any, here: Any) -> driftsearch.Measurement:
     """A test state for the search: `ab` (drift.a_b of the starting state's tokens) token
     by token, keyed by sequence and position so two states' values pair up, and whether
-    `here` (the state's own prefill-vs-decode drift) is within the starting state's noise."""
+    `here` (the state's own prefill-vs-decode drift) is bounded below the tolerance (only
+    a bound clears: an inconclusive state is not cleared)."""
     points = [((p.name, pos), v) for p in ab.per_sequence
               for pos, v in p.comparison.points]
-    cleared = not driftstats.exceeds([v for _, v in here.overall.points], noise, k)
-    return driftsearch.Measurement(tuple(v for _, v in points), cleared,
+    return driftsearch.Measurement(tuple(v for _, v in points),
+                                   here.verdict.outcome == "bounded",
                                    tuple(key for key, _ in points))
 
 
@@ -330,14 +341,25 @@ def _group_change(t: BisectHost, chosen: list[Candidate]) -> str:
     return "; ".join(_describe(t, c).removesuffix(", restart") for c in chosen) + ", restart"
 
 
-def _drift_verdict(found: driftsearch.SearchResult, threshold: float) -> str:
+def _drift_verdict(found: driftsearch.SearchResult, threshold: float,
+                  tolerance: float) -> str:
+    undecided = ""
+    if found.undecided:
+        why = "; ".join(f"{c.suspect} at most {c.high:.3g}" for c in found.contributions
+                        if c.suspect in found.undecided)
+        undecided = (f"; undecided (neither told from the noise nor bounded below the "
+                     f"tolerance {tolerance:.3g}: more sequences, --budget, or a larger "
+                     f"--tolerance would decide): {why}")
     if not found.culprits:
-        return ("taking the suspects out does not move the output beyond the noise "
-                f"(threshold {threshold:.3g}): the drift is outside the candidates")
+        if found.undecided:
+            return f"no suspect carries a drift told from the noise{undecided}"
+        return ("taking the suspects out moves the output by less than the tolerance "
+                f"{tolerance:.3g} each (bounded; noise threshold {threshold:.3g}): the drift "
+                "is outside the candidates")
     parts = [f"{c.suspect} {c.value:.3g} [{c.low:.3g}, {c.high:.3g}] ({c.how})"
              for c in found.contributions if c.suspect in found.culprits and c.value]
     return (f"the drift is carried by {', '.join(parts)}; {found.restarts} test states "
-            f"(threshold {threshold:.3g})")
+            f"(threshold {threshold:.3g}){undecided}")
 
 
 def _drift_json(rep: Any) -> dict:

@@ -35,17 +35,21 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from . import conversations as convs
-from .driftstats import Comparison, Verdict, compare, pooled
+from .driftdecide import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE, Decision, Paired, decide
+from .driftstats import Comparison, compare, pooled
 
 RUN_FORMAT = 1
 DEFAULT_OUTPUT_TOKENS = 256
 DEFAULT_REPEATS = 3
 DEFAULT_TEMPERATURE = 1.0
+DEFAULT_BUDGET = 48              # sequences: 8 rounds of the shipped 3 sizes x 2 turns
 MAX_RUN_BYTES = 256 * 1024 * 1024
 
 
 class Client(Protocol):
-    """POSTs JSON to the server and returns the parsed answer (isolate/http.py)."""
+    """POSTs JSON to the server and returns the parsed answer (isolate/httpjson.py); a
+    client with `get(path, timeout) -> bytes` also lets the probe read the server's
+    /metrics (its request counter: concurrent traffic)."""
 
     def post(self, path: str, body: dict, timeout: float, want_json: bool = True) -> Any: ...
 
@@ -96,7 +100,40 @@ class DriftSpec:
     second_turn: bool = True
     seed: int = 0
     timeout: float = 600.0
-    k: float = 3.0
+    k: float = 3.0                   # a bisect's group test (isolate/driftsearch.py)
+    tolerance: float = DEFAULT_TOLERANCE
+    confidence: float = DEFAULT_CONFIDENCE
+    budget: int = DEFAULT_BUDGET     # sequences at most (0: the shipped conversations once)
+
+    @property
+    def per_round(self) -> int:
+        """Sequences one round adds: each conversation size, and its second turn."""
+        return len(self.sizes) * (2 if self.second_turn else 1)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds a sequential measurement may take within the budget."""
+        return max(1, self.budget // max(1, self.per_round))
+
+    @property
+    def judge(self) -> Judge:
+        """The decision of a fresh measurement: as many looks as it may take rounds."""
+        return Judge(self.tolerance, self.confidence, self.rounds)
+
+    @property
+    def fixed(self) -> Judge:
+        """The decision on data that cannot grow (a saved run replayed: --against)."""
+        return Judge(self.tolerance, self.confidence, 1)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """What a comparison is decided against (isolate/driftdecide.py); `looks`: how many
+    times a sequential measurement may decide on growing data."""
+
+    tolerance: float = DEFAULT_TOLERANCE
+    confidence: float = DEFAULT_CONFIDENCE
+    looks: int = 1
 
 
 @dataclass
@@ -109,6 +146,7 @@ class DriftRun:
     sequences: list[Sequence]
     seconds: float = 0.0
     format: int = RUN_FORMAT
+    traffic: list[str] = field(default_factory=list)   # the replays' batch conditions
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -121,7 +159,8 @@ class DriftRun:
         try:
             seqs = [Sequence(**s) for s in data["sequences"]]
             run = cls(str(data["endpoint"]), float(data["started"]), dict(data["spec"]),
-                      seqs, float(data.get("seconds", 0.0)))
+                      seqs, float(data.get("seconds", 0.0)),
+                      traffic=[str(t)[:300] for t in data.get("traffic") or []][:64])
         except (KeyError, TypeError, ValueError) as exc:
             raise DriftError(f"{where}: damaged drift run ({exc})") from None
         for i, seq in enumerate(run.sequences):
@@ -135,31 +174,105 @@ class DriftRun:
 
 def measure(client: Client, spec: DriftSpec, say: Callable[[str], None] = lambda _: None
             ) -> DriftRun:
-    """Generate from every conversation (and its second turn), then replay each sequence
-    `spec.repeats` times as prefill."""
+    """Generate from every conversation (and its second turn), replay each sequence
+    `spec.repeats` times as prefill; within `spec.budget`, add a round of conversations
+    (the next seed: deterministic) until prefill vs decode is decided (above or bounded)
+    or the budget is spent. Every look is held to its share of the error (Judge.looks)."""
     started = time.time()
     sequences: list[Sequence] = []
+    notes: list[str] = []
+    run = DriftRun(client.describe(), started, asdict(spec), sequences)
+    for round_ in range(spec.rounds):
+        fresh = _generated(client, spec, spec.seed + round_, say)
+        notes.append(_replay_all(client, fresh, spec, say))
+        sequences += fresh
+        run = DriftRun(client.describe(), started, asdict(spec), list(sequences),
+                       round(time.time() - started, 3),
+                       traffic=list(dict.fromkeys(n for n in notes if n)))
+        if round_ + 1 < spec.rounds:
+            outcome = prefill_vs_decode(run, spec.judge).verdict
+            say(f"drift: {len(sequences)} sequences: {outcome.outcome}")
+            if outcome.outcome != "inconclusive":
+                break
+    return run
+
+
+def _generated(client: Client, spec: DriftSpec, seed: int,
+               say: Callable[[str], None]) -> list[Sequence]:
+    """One round: a conversation per size (and its second turn), built with `seed`."""
+    out: list[Sequence] = []
     flush(client, spec.timeout)
-    for conv in convs.build_all(spec.sizes, spec.seed):
-        say(f"drift: {conv.name}: generating {spec.output_tokens} tokens")
-        first, text = generate(client, conv.text, spec, f"{conv.name}/turn-1")
-        sequences.append(first)
+    for conv in convs.build_all(spec.sizes, seed):
+        name = conv.name if seed == spec.seed else f"{conv.name}#{seed}"
+        say(f"drift: {name}: generating {spec.output_tokens} tokens")
+        first, text = generate(client, conv.text, spec, f"{name}/turn-1")
+        out.append(first)
         if spec.second_turn:
-            sequences.append(generate_turn(client, conv.text + text + conv.follow_up, spec,
-                                           f"{conv.name}/turn-2"))
-    return _replayed(client, sequences, spec, started, say)
+            out.append(generate_turn(client, conv.text + text + conv.follow_up, spec,
+                                     f"{name}/turn-2"))
+    return out
+
+
+def _replay_all(client: Client, sequences: list[Sequence], spec: DriftSpec,
+                say: Callable[[str], None]) -> str:
+    """Every sequence replayed `spec.repeats` times, one request at a time, from an
+    empty cache: both sides of a comparison see the same batch composition (one
+    sequence) and no cached prefix, unless someone else's traffic shares the server: the
+    server's own request counter says (the returned note; "" when none was seen)."""
+    flush(client, spec.timeout)
+    before = served_requests(client, spec.timeout)
+    for repeat in range(spec.repeats):
+        say(f"drift: replay {repeat + 1} of {spec.repeats} of {len(sequences)} sequences")
+        for seq in sequences:
+            replay(client, seq, spec.timeout)
+    return traffic_note(before, served_requests(client, spec.timeout),
+                        spec.repeats * len(sequences))
+
+
+REQUESTS_METRIC = "sglang:num_requests_total"     # observability/metrics_collector.py:1514
+
+
+def served_requests(client: Client, timeout: float) -> float | None:
+    """The server's count of finished requests (its /metrics, --enable-metrics), None
+    when it cannot be read."""
+    get = getattr(client, "get", None)
+    if get is None:
+        return None
+    try:
+        text = get("/metrics", min(timeout, 30.0)).decode("utf-8", "replace")
+    except DriftError:
+        return None
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        if name.strip() == REQUESTS_METRIC:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (ValueError, IndexError):
+                return None
+    return total if seen else None
+
+
+def traffic_note(before: float | None, after: float | None, sent: int) -> str:
+    """What the counter says of the replays' batch conditions."""
+    if before is None or after is None:
+        return ("concurrent traffic unchecked: the server's /metrics has no "
+                f"{REQUESTS_METRIC} (start it with --enable-metrics)")
+    other = after - before - sent
+    if other > 0:
+        return (f"concurrent traffic: the server finished {other:g} requests besides the "
+                f"probe's {sent} replays: their batches were not the probe's alone (the "
+                "noise may be larger than on an idle server)")
+    return ""
 
 
 def _replayed(client: Client, sequences: list[Sequence], spec: DriftSpec, started: float,
               say: Callable[[str], None]) -> DriftRun:
     """Every sequence replayed `spec.repeats` times, from an empty cache."""
-    flush(client, spec.timeout)
-    for repeat in range(spec.repeats):
-        say(f"drift: replay {repeat + 1} of {spec.repeats} of {len(sequences)} sequences")
-        for seq in sequences:
-            replay(client, seq, spec.timeout)
+    note = _replay_all(client, sequences, spec, say)
     return DriftRun(client.describe(), started, asdict(spec), sequences,
-                    round(time.time() - started, 3))
+                    round(time.time() - started, 3), traffic=[note] if note else [])
 
 
 def generate(client: Client, text: str, spec: DriftSpec, name: str,
@@ -252,9 +365,10 @@ class DriftReport:
     endpoint: str
     per_sequence: tuple[SequenceDrift, ...]
     overall: Comparison
-    verdict: Verdict
+    verdict: Decision                      # above | bounded | inconclusive, with figures
     seconds: float
     against: str | None = None
+    traffic: tuple[str, ...] = ()          # what the server's counters said of the replays
 
     def to_json(self, points: bool = False) -> dict:
         def comp(c: Comparison) -> dict:
@@ -265,44 +379,61 @@ class DriftReport:
                 out["points"] = [list(p) for p in c.points]
             return out
         return {"kind": self.kind, "endpoint": self.endpoint, "against": self.against,
-                "seconds": self.seconds, "overall": comp(self.overall),
-                "verdict": asdict(self.verdict),
+                "seconds": self.seconds, "traffic": list(self.traffic),
+                "overall": comp(self.overall),
+                "verdict": dict(asdict(self.verdict), above=self.verdict.above),
                 "sequences": [{"name": s.name, "prompt_tokens": s.prompt_tokens,
                                "output_tokens": s.output_tokens, **comp(s.comparison)}
                               for s in self.per_sequence]}
 
 
-def prefill_vs_decode(run: DriftRun, k: float = 3.0,
+def prefill_vs_decode(run: DriftRun, judge: Judge = Judge(),
                       noise_of: DriftRun | None = None) -> DriftReport:
-    """Decode's logprobs against the first replay's; the noise: replays against it (or
-    `noise_of`'s, for a run replayed once: a bisect's test state)."""
+    """Decode's logprobs against the first replay's; the noise: replay 1 against replay
+    0 of the same sequence (or `noise_of`'s, for a run replayed once: a bisect's test
+    state)."""
     per = tuple(SequenceDrift(s.name, s.start, len(s.output_ids),
                               compare(s.prefill_lp[0], s.decode_lp, s.start, s.prefill_top,
                                       s.decode_top))
                 for s in run.sequences if s.prefill_lp)
     overall = pooled([p.comparison for p in per])
     return DriftReport("prefill-vs-decode", run.endpoint, per, overall,
-                       _judge(overall, noise_of or run, k), run.seconds)
+                       _judge(per, noise_of or run, judge), run.seconds,
+                       traffic=tuple(run.traffic))
 
 
-def a_b(saved: DriftRun, now: DriftRun, k: float = 3.0, where: str = "",
+def a_b(saved: DriftRun, now: DriftRun, judge: Judge = Judge(), where: str = "",
         noise_of: DriftRun | None = None) -> DriftReport:
-    """State A (saved) against state B (now), replay against replay, same tokens; judged
-    against B's replays, or `noise_of`'s where B was replayed once (a bisect's test state,
-    judged against the starting state's noise, as its search judges it)."""
+    """State A (saved) against state B (now), replay against replay, same tokens; the
+    noise: B's replay 1 against its replay 0 on the same tokens, or `noise_of`'s where B
+    was replayed once (a bisect's test state, judged against the starting state's
+    noise)."""
     per = tuple(SequenceDrift(b.name, b.start, len(b.output_ids),
                               compare(b.prefill_lp[0], a.prefill_lp[0], b.start))
                 for a, b in zip(saved.sequences, now.sequences) if a.prefill_lp and b.prefill_lp)
     overall = pooled([p.comparison for p in per])
-    return DriftReport("a-b", now.endpoint, per, overall, _judge(overall, noise_of or now, k),
-                       now.seconds, against=where or saved.endpoint)
+    return DriftReport("a-b", now.endpoint, per, overall, _judge(per, noise_of or now, judge),
+                       now.seconds, against=where or saved.endpoint,
+                       traffic=tuple(dict.fromkeys(saved.traffic + now.traffic)))
 
 
-def _judge(overall: Comparison, state: DriftRun, k: float) -> Verdict:
-    """The drift's tokens against the noise's tokens of `state` (its replays)."""
-    pairs = noise_pairs(state)
-    return Verdict.judge([v for _, v in overall.points], [v for c in pairs for _, v in c.points],
-                         k, tuple(c.overall.mean for c in pairs if c.overall.mean is not None))
+def _judge(per: tuple[SequenceDrift, ...], state: DriftRun, judge: Judge) -> Decision:
+    """Each sequence's drift paired with the noise on its own tokens (isolate/
+    driftdecide.py: the sequence is the unit)."""
+    noise = sequence_noise(state)
+    pairs = [Paired(p.name, p.comparison.overall.mean, noise[p.name],
+                    p.comparison.overall.tokens)
+             for p in per if p.comparison.overall.mean is not None
+             and noise.get(p.name) is not None]
+    replays = min((len(s.prefill_lp) for s in state.sequences), default=0)
+    return decide(pairs, judge.tolerance, judge.confidence, replays, judge.looks)
+
+
+def sequence_noise(run: DriftRun) -> dict[str, float | None]:
+    """Sequence name -> the mean estimator between its replay 1 and replay 0 (None: one
+    replay, or no comparable token)."""
+    return {s.name: compare(s.prefill_lp[1], s.prefill_lp[0], s.start).overall.mean
+            if len(s.prefill_lp) > 1 else None for s in run.sequences}
 
 
 def noise_pairs(run: DriftRun) -> list[Comparison]:
@@ -425,10 +556,10 @@ def probe_drift(client: Client, spec: DriftSpec, save: Path | None = None,
     try:
         if saved is not None:
             run = replay_saved(client, saved, spec, say)
-            report = a_b(saved, run, spec.k, str(against))
+            report = a_b(saved, run, spec.fixed, str(against))
         else:
             run = measure(client, spec, say)
-            report = prefill_vs_decode(run, spec.k)
+            report = prefill_vs_decode(run, spec.judge)
     except Unreachable as exc:
         return DriftOutcome(None, None, unreachable=True, error=str(exc))
     except DriftError as exc:

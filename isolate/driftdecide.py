@@ -108,6 +108,7 @@ class Decision:
     needs: str = ""                  # inconclusive: what it would take
     why: str = ""
     deterministic: bool = False      # the noise was exactly zero: any difference is drift
+    looks: int = 1                   # decisions a sequential probe could take (Bonferroni)
 
     @property
     def above(self) -> bool | None:
@@ -116,13 +117,19 @@ class Decision:
 
 
 def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
-           confidence: float = DEFAULT_CONFIDENCE, replays: int = 2) -> Decision:
+           confidence: float = DEFAULT_CONFIDENCE, replays: int = 2,
+           looks: int = 1) -> Decision:
     """The outcome of one comparison from its sequences (those with no comparable token
-    are left out by the caller); `replays`: how many replays the noise came from."""
+    are left out by the caller); `replays`: how many replays the noise came from;
+    `looks`: how many times a sequential probe may decide on growing data (each look is
+    held to 1/looks of the error, Bonferroni, so stopping at the first decided look keeps
+    the stated confidence overall)."""
+    stated = confidence
+    confidence = 1 - (1 - confidence) / max(1, looks)
     got = [p for p in pairs if _finite(p.drift) and _finite(p.noise) and p.tokens > 0]
     tokens = sum(p.tokens for p in got)
-    base = dict(tolerance=tolerance, confidence=confidence, sequences=len(got),
-                tokens=tokens)
+    base = dict(tolerance=tolerance, confidence=stated, sequences=len(got), tokens=tokens,
+                looks=looks)
     if not got:
         return Decision("inconclusive", None, None, None, None, detectable=None, noise=None,
                         needs="a run that compares tokens (every logprob was missing, NaN "
@@ -141,19 +148,19 @@ def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
     if deterministic and max(p.drift for p in got) > RESOLUTION:
         return Decision("above", p_value=None, why=(
             f"the state replays bit for bit (noise 0 in every sequence): any difference is "
-            f"drift; {_size(mean, low, upper, confidence)}"), **figures, **base)
+            f"drift; {_size(mean, low, upper, stated)}"), **figures, **base)
     p_value = signed_rank_p(excess)
     alpha = 1 - confidence
     if p_value <= alpha and statistics.fmean(x.drift for x in got) > RESOLUTION:
         return Decision("above", p_value=p_value, why=(
             f"drift beyond the noise in {sum(e > 0 for e in excess)} of {len(got)} "
             f"sequences, signed-rank p = {p_value:.2g} <= {alpha:.2g}; "
-            f"{_size(mean, low, upper, confidence)}"), **figures, **base)
+            f"{_size(mean, low, upper, stated)}"), **figures, **base)
     enough = len(got) >= (MIN_SEQUENCES if deterministic else MIN_BOUNDED)
     if enough and upper < tolerance:
         return Decision("bounded", p_value=p_value, why=(
             f"drift beyond the noise {mean:.3g} per token, at most {upper:.3g} at "
-            f"{100 * confidence:g}% < tolerance {tolerance:.3g} ({len(got)} sequences, "
+            f"{100 * stated:g}% < tolerance {tolerance:.3g} ({len(got)} sequences, "
             f"{tokens} tokens)"), **figures, **base)
     return Decision("inconclusive", p_value=p_value,
                     needs=_needs(excess, mean, upper, tolerance, detectable),

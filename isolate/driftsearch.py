@@ -22,6 +22,13 @@ contribution cannot be told from zero is dropped whole. One culprit among n: at 
 ceil(log2 n) + 1 states; each suspect ends with a contribution (measured or inferred)
 and its interval.
 
+A group is cleared only when its contribution is bounded below the tolerance (value +
+k x se < tolerance); one neither told from zero nor bounded is `undecided`: the search
+does not descend into it, and the bisect says which suspects remain undecided and why
+(isolate/driftdecide.py: "within the noise" is not an outcome). Standard errors are over
+sequences (the unit of inference: tokens of one sequence are correlated), from the
+per-token values' keys.
+
 Telling a contribution from zero uses its own standard error, not only the noise's: a
 large drift's A/B varies from one measurement to the next far more than two replays of
 one state do (the drift times the jitter, token by token), and a group measured on fewer
@@ -38,12 +45,27 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .driftdecide import DEFAULT_TOLERANCE
 from .driftstats import RESOLUTION
 
 
 def _se(values: Sequence[float]) -> float:
     """The standard error of the mean of `values` (0 for fewer than two)."""
     return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+
+
+def _sequence_se(values: Sequence[float], keys: Sequence) -> float:
+    """The standard error of the mean over sequences: per-token values grouped by their
+    key's sequence (key = (sequence, position)), each sequence's mean one observation;
+    without keys, over the values."""
+    if not keys or len(keys) != len(values) or not isinstance(keys[0], tuple):
+        return _se(values)                       # no sequences named: the values' own
+    groups: dict = {}
+    for key, value in zip(keys, values):
+        groups.setdefault(key[0], []).append(value)
+    means = [statistics.fmean(v) for v in groups.values()]
+    # few sequences: their spread, but never below the per-token standard error
+    return max(_se(means), _se(values)) if len(means) > 1 else _se(values)
 
 
 @dataclass(frozen=True)
@@ -86,7 +108,7 @@ class Effect:
 
     @classmethod
     def measured(cls, m: Measurement, noise: Noise) -> Effect:
-        return cls(m.ab - noise.mean, math.hypot(_se(m.values), noise.se),
+        return cls(m.ab - noise.mean, math.hypot(_sequence_se(m.values, m.keys), noise.se),
                    tuple(v - noise.mean for v in m.values), m.keys)
 
     def minus(self, part: Effect) -> Effect:
@@ -94,12 +116,17 @@ class Effect:
         measured on the same tokens (the errors then pair), else the errors add."""
         if len(self.values) > 1 and self.keys and self.keys == part.keys:
             diff = tuple(a - b for a, b in zip(self.values, part.values))
-            return Effect(statistics.fmean(diff), _se(diff), diff, self.keys)
+            return Effect(statistics.fmean(diff), _sequence_se(diff, self.keys), diff,
+                          self.keys)
         return Effect(self.value - part.value, math.hypot(self.se, part.se))
 
     def real(self, k: float) -> bool:
         """Told from zero: above k standard errors and above what logprobs resolve."""
         return self.value > k * self.se and self.value > RESOLUTION
+
+    def bounded(self, k: float, tolerance: float) -> bool:
+        """Its upper bound (k standard errors above it) is below the tolerance."""
+        return self.value + k * self.se < tolerance
 
 
 @dataclass
@@ -108,7 +135,7 @@ class Contribution:
     value: float | None        # drift it carries, net of the noise (None: not attributable)
     low: float
     high: float
-    how: str                   # measured | inferred | cleared-group | not-needed
+    how: str                   # measured | inferred | cleared-group | not-needed | undecided
     above: bool = False        # told from zero at the search's k: it carries drift
 
 
@@ -117,6 +144,7 @@ class SearchResult:
     contributions: list[Contribution] = field(default_factory=list)
     states: list[tuple[str, ...]] = field(default_factory=list)   # groups measured, in order
     culprits: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)   # neither told from zero nor bounded
 
     @property
     def restarts(self) -> int:
@@ -127,7 +155,8 @@ Measure = Callable[[tuple[str, ...]], Measurement]
 
 
 def search(order: list[str], measure: Measure, noise: Noise, k: float = 3.0,
-           cheap: frozenset[str] = frozenset()) -> SearchResult:
+           cheap: frozenset[str] = frozenset(),
+           tolerance: float = DEFAULT_TOLERANCE) -> SearchResult:
     """`order`: the suspects, most likely first; `noise`: two replays of the starting
     state (a group's contribution is its A/B drift net of the noise's mean); `k`: how many
     standard errors make a contribution real; `cheap`: the suspects taken out without a
@@ -155,10 +184,21 @@ def search(order: list[str], measure: Measure, noise: Noise, k: float = 3.0,
                 max(effect.value, 0.0) + width, how, above))
             if above:
                 result.culprits.append(name)
+            if how == "undecided":
+                result.undecided.append(name)
+
+    def settle(names: tuple[str, ...], effect: Effect) -> None:
+        """A group not told from zero: cleared when bounded below the tolerance, else
+        undecided (never cleared on an inconclusive measurement)."""
+        add(names, effect, "cleared-group" if effect.bounded(k, tolerance) else "undecided")
 
     def walk(group: tuple[str, ...], known: Effect | None, how: str) -> None:
         if len(group) == 1:
-            add(group, known if known is not None else state(group)[1], how)
+            effect = known if known is not None else state(group)[1]
+            if effect.real(k):
+                add(group, effect, how)
+            else:
+                settle(group, effect)
             return
         half = split(group, cheap)
         first, second = group[:half], group[half:]
@@ -166,7 +206,7 @@ def search(order: list[str], measure: Measure, noise: Noise, k: float = 3.0,
         if e1.real(k):
             walk(first, e1, "measured")
         else:
-            add(first, e1, "cleared-group")
+            settle(first, e1)
         if m1.cleared and e1.real(k):
             add(second, known.minus(e1) if known is not None else unknown, "not-needed")
             return
@@ -177,7 +217,7 @@ def search(order: list[str], measure: Measure, noise: Noise, k: float = 3.0,
         if rest.real(k):
             walk(second, rest, rest_how)
         else:
-            add(second, rest, "cleared-group")
+            settle(second, rest)
 
     if order:
         walk(tuple(order), None, "measured")

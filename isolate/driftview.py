@@ -43,11 +43,22 @@ def table(outcome: Any) -> list[str]:
         f"{label} mean {_fmt(b.mean)} p99 {_fmt(b.p99)} ({b.tokens} tokens)"
         for label, b in o.buckets.items()))
     v = rep.verdict
-    state = {True: "DRIFT above the noise", False: "within the noise", None: "no verdict"}
-    lines.append(f"  verdict: {state[v.above]}: {v.why}")
+    lines.append(f"  verdict: {OUTCOME[v.outcome]}: {v.why}")
+    lines.append(f"  drift beyond the noise {_fmt(v.drift)} per token, upper bound "
+                 f"{_fmt(v.upper)} at {100 * v.confidence:g}%, tolerance {_fmt(v.tolerance)}; "
+                 f"detectable from {_fmt(v.detectable)} (80% power); {v.sequences} sequences, "
+                 f"{v.tokens} tokens")
+    if v.needs:
+        lines.append(f"  to decide: {v.needs}")
+    for note in rep.traffic:
+        lines.append(f"  note: {note}")
     if outcome.saved:
         lines.append(f"  saved to {outcome.saved} (use it with --against)")
     return lines
+
+
+OUTCOME = {"above": "DRIFT above the noise", "bounded": "bounded below the tolerance",
+           "inconclusive": "INCONCLUSIVE"}
 
 
 def _pct(value: float | None) -> str:
@@ -63,7 +74,7 @@ def html(outcome: Any) -> str:
             "<pre>" + esc("\n".join(table(outcome))) + "</pre>"]
     rep = outcome.report
     if rep is not None:
-        threshold = rep.verdict.threshold
+        threshold = rep.verdict.tolerance          # the line: the drift that matters
         body.append(svg(list(rep.overall.points), threshold, "overall: drift by position"))
         for s in rep.per_sequence:
             body.append(svg(list(s.comparison.points), threshold, f"{s.name}"))

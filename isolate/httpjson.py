@@ -33,13 +33,20 @@ class EndpointClient:
         self.endpoint.close()
 
     def post(self, path: str, body: dict, timeout: float, want_json: bool = True) -> Any:
-        headers = {"Content-Type": "application/json"}
+        return self._send("POST", path, json.dumps(body).encode(), timeout, want_json)
+
+    def get(self, path: str, timeout: float) -> bytes:
+        """The body of a GET (the server's /metrics): bytes, never parsed here."""
+        return self._send("GET", path, None, timeout, False)
+
+    def _send(self, method: str, path: str, data: bytes | None, timeout: float,
+              want_json: bool) -> Any:
+        headers = {"Content-Type": "application/json"} if data is not None else {}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         where = f"{self.describe()} {path}"
         try:
-            reply = self.endpoint.request("POST", path, json.dumps(body).encode(), headers,
-                                          timeout=timeout)
+            reply = self.endpoint.request(method, path, data, headers, timeout=timeout)
         except HostUnreachable as exc:
             raise Unreachable(str(exc)) from None
         except PatchsetError as exc:

@@ -511,8 +511,10 @@ class DriftAuditProbes(_PerHost):
             return [self._result(url, False, "the endpoint could not be reached",
                                  outcome.error, started, unreachable=True)]
         rep = outcome.report
-        return [self._result(url, rep.verdict.above is False, rep.verdict.why, None, started,
-                             drift=rep.to_json(points=True))]
+        result = self._result(url, rep.verdict.outcome == "bounded", rep.verdict.why, None,
+                              started, drift=rep.to_json(points=True))
+        result.inconclusive = rep.verdict.outcome == "inconclusive"
+        return [result]
 
     def not_run(self, host: str, reason: str) -> list[ProbeResult]:
         return [ProbeResult(probe="drift", name="drift", ok=False, reason=reason, expected="",
@@ -522,7 +524,7 @@ class DriftAuditProbes(_PerHost):
     def _result(url: str, ok: bool, reason: str, error: str | None, started: float,
                 unreachable: bool = False, drift: dict | None = None) -> ProbeResult:
         return ProbeResult(probe="drift", name="drift", ok=ok, reason=reason,
-                           expected="prefill and decode within the noise",
+                           expected="prefill vs decode bounded below the tolerance",
                            answer=_clip(reason, ANSWER_CHARS), error=error,
                            unreachable=unreachable, url=url, drift=drift,
                            latency_ms=round((time.monotonic() - started) * 1000, 1))

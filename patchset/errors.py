@@ -26,6 +26,10 @@ class Exit(IntEnum):
     4     FAILED       the target refused or failed the operation (dirty, not the pin,
                        locked, patch does not apply, engine killed; a bisect stopped or
                        not restored): nothing was changed, or the next command finishes it
+    5     INCONCLUSIVE a measurement could not decide at the data measured: a drift
+                       comparison neither above the noise nor bounded below the
+                       tolerance, a bisect that left suspects undecided (the output says
+                       what it would take)
     70    INTERNAL     a bug: a one-line summary, the trace in $PATCHSET_HOME/debug.log
     130   INTERRUPTED  Ctrl-C (a bisect restores the host first)
 
@@ -37,6 +41,7 @@ class Exit(IntEnum):
     BAD_INPUT = 2
     UNREACHABLE = 3
     FAILED = 4
+    INCONCLUSIVE = 5
     INTERNAL = 70
     INTERRUPTED = 130
 

@@ -201,7 +201,7 @@ def ranked_with(series, desc, access: Access, symptom: str = "context-loss"):
 # search from isolate.driftsearch, the file from isolate.bisect.save: the format
 # `patchset bisect HOST --probe drift` writes.
 
-TOKENS, PROMPTS, JITTER, K = 48, (700, 760), 1e-4, 3.0
+TOKENS, PROMPTS, JITTER, K = 48, tuple(700 + 30 * i for i in range(8)), 1e-4, 3.0
 ENDPOINT = "http://10.0.0.5:30000"
 # the bisect's candidates, gated ones first (isolate/bisect.py orders them so)
 ORDER = ["mma-splitk-decode", "triton-dsa-indexer", "mhc-bf16", "default-thinking-reasoning",
@@ -230,7 +230,7 @@ def state_run(present: set[str], deltas: dict[str, float] = DELTAS,
 def bisect_file(path: Path, host: str = "gpu1", deltas: dict[str, float] = DELTAS) -> Path:
     """What `_bisect_drift` records, measured on state_run's states."""
     base = state_run(set(ORDER), deltas)
-    start = drift.prefill_vs_decode(base, K)
+    start = drift.prefill_vs_decode(base)
     noise = drift.noise(base)
     threshold = driftstats.noise_threshold(noise, K)
     report = BisectReport(host=host, id=f"b-{host}", probe="drift", url=ENDPOINT,
@@ -238,13 +238,13 @@ def bisect_file(path: Path, host: str = "gpu1", deltas: dict[str, float] = DELTA
                           starting=list(ORDER), strategy="group-testing",
                           threshold=threshold)
     report.steps.append(BisectStep(0, "baseline", "starting state", list(ORDER), [],
-                                   not start.verdict.above, [start.to_json()]))
+                                   start.verdict.outcome == "bounded", [start.to_json()]))
 
     def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
         state = state_run(set(ORDER) - set(group), deltas, replays=1)
-        ab = drift.a_b(base, state, K, noise_of=base)
-        here = drift.prefill_vs_decode(state, K, noise_of=base)
-        found = measurement(ab, here, noise, K)
+        ab = drift.a_b(base, state, noise_of=base)
+        here = drift.prefill_vs_decode(state, noise_of=base)
+        found = measurement(ab, here)
         report.steps.append(BisectStep(len(report.steps), "group",
                                        f"take out {', '.join(group)}, restart",
                                        [n for n in ORDER if n not in group], [], found.cleared,
@@ -326,7 +326,7 @@ def test_a_measurement_ranks_only_the_symptoms_it_bears_on(series, seed, tmp_pat
 
 
 def test_a_drift_probe_that_fails_corroborates_decode_quality(series, seed) -> None:
-    rep = drift.prefill_vs_decode(state_run(set(ORDER)), K)
+    rep = drift.prefill_vs_decode(state_run(set(ORDER)))
     assert rep.verdict.above is True
     result = ProbeResult(probe="drift", name="drift", ok=False, reason=rep.verdict.why,
                          expected="prefill and decode within the noise", url=ENDPOINT,

@@ -22,7 +22,7 @@ from auditor.rank import Access
 from auditor.render import FORMATS, chart, render
 from isolate import drift, driftview
 from patchset.cli import main
-from test_audit_rank import ENDPOINT, K, ORDER, bisect_file, state_run
+from test_audit_rank import ENDPOINT, K, ORDER, PROMPTS, bisect_file, state_run
 
 SECRET, TOKEN, PASSWORD = "sk-live-0123456789abcdefXYZ", "hf_AbCdEfGhIjKlMnOpQrStUv", "hunter2pw!"
 
@@ -149,7 +149,7 @@ def test_html_report_renders_in_chromium(seed_report, tmp_path: Path) -> None:
 def test_drift_charts_render_in_chromium_with_their_points(series, tmp_path: Path) -> None:
     """A probe[drift] finding (figures computed from logprob series) and a --measured
     bisect: the report's charts are inline SVG, every binned point a circle, no script."""
-    figures = drift.prefill_vs_decode(state_run(set(ORDER)), K)
+    figures = drift.prefill_vs_decode(state_run(set(ORDER)))
     result = ProbeResult(probe="drift", name="drift", ok=figures.verdict.above is False,
                          reason=figures.verdict.why, url=ENDPOINT,
                          expected="prefill and decode within the noise",
@@ -190,14 +190,14 @@ def test_drift_charts_render_in_chromium_with_their_points(series, tmp_path: Pat
 
 def test_one_chart_implementation_for_the_probe_and_the_audit() -> None:
     assert driftview.svg is chart.svg
-    page = driftview.html(drift.DriftOutcome(drift.prefill_vs_decode(state_run(set(ORDER)), K),
+    page = driftview.html(drift.DriftOutcome(drift.prefill_vs_decode(state_run(set(ORDER))),
                                              None))
-    assert page.count("<svg") == 3 and "<script" not in page
+    assert page.count("<svg") == 1 + len(PROMPTS) and "<script" not in page   # overall + each
 
 
 def test_a_drift_record_without_points_charts_its_position_buckets() -> None:
     from auditor.render import view
-    figures = drift.prefill_vs_decode(state_run(set(ORDER)), K).to_json()    # no points
+    figures = drift.prefill_vs_decode(state_run(set(ORDER))).to_json()    # no points
     charts = view.drift_charts({"probes": [{"probe": "drift", "url": ENDPOINT,
                                             "drift": figures}]})
     assert len(charts) == 1 + len(figures["sequences"])

@@ -39,7 +39,7 @@ class Computing:
         return self.spoil(body, answer)
 
 
-SPEC = drift.DriftSpec(sizes=(1024,), output_tokens=8, repeats=3, second_turn=False)
+SPEC = drift.DriftSpec(sizes=(1024,), output_tokens=8, repeats=3, second_turn=False, budget=0)
 
 
 def test_a_computing_server_gives_a_consistent_run() -> None:
@@ -47,7 +47,23 @@ def test_a_computing_server_gives_a_consistent_run() -> None:
     [seq] = run.sequences
     assert len(seq.prefill_lp) == 3 and seq.prefill_lp[0][1:] == seq.decode_lp[1:]
     report = drift.prefill_vs_decode(run)
-    assert report.overall.overall.mean == 0.0 and report.verdict.above is False
+    assert report.overall.overall.mean == 0.0 and report.verdict.deterministic
+    # one sequence decides nothing, even with no noise at all
+    assert report.verdict.outcome == "inconclusive" and report.verdict.above is None
+    assert "at least 7 sequences" in report.verdict.needs
+
+
+def test_a_budget_adds_rounds_until_the_outcome_is_decided() -> None:
+    """Rounds of conversations built with the next seeds (deterministic), each judged as
+    one look: bit-for-bit replays with no difference are bounded from 7 sequences on."""
+    spec = drift.DriftSpec(sizes=(1024,), output_tokens=8, repeats=2, second_turn=False,
+                           budget=12)
+    assert (spec.rounds, spec.judge.looks) == (12, 12)
+    run = drift.measure(Computing(), spec)
+    assert len(run.sequences) == 7 and len({s.name for s in run.sequences}) == 7
+    assert run.sequences[1].name == "ops-1k#1/turn-1"
+    report = drift.prefill_vs_decode(run, spec.judge)
+    assert report.verdict.outcome == "bounded" and report.verdict.upper == 0.0
 
 
 @pytest.mark.parametrize("spoil, words", [
@@ -89,3 +105,32 @@ def test_a_damaged_run_file_is_bad_input_naming_the_field(tmp_path: Path, capsys
                        "--against", str(path))
     assert code == 2 and "sequences[0]." in err and str(path) in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_servers_request_counter_says_whether_the_replays_ran_alone() -> None:
+    """/metrics' sglang:num_requests_total before and after the replays: more than the
+    probe sent is someone else's traffic (the batch composition was not controlled); no
+    counter is said to be unchecked, never taken for an idle server."""
+    class Counting(Computing):
+        def __init__(self, extra: int = 0) -> None:
+            super().__init__()
+            self.served, self.extra = 0.0, extra
+
+        def post(self, path, body, timeout, want_json=True):
+            self.served += 1
+            return super().post(path, body, timeout, want_json)
+
+        def get(self, path, timeout):
+            assert path == "/metrics"
+            self.served += self.extra
+            return (f'# TYPE sglang:num_requests_total counter\n'
+                    f'sglang:num_requests_total{{model_name="m"}} {self.served}\n').encode()
+
+    assert drift.measure(Counting(), SPEC).traffic == []
+    busy = drift.measure(Counting(extra=5), SPEC)
+    assert busy.traffic and busy.traffic[0].startswith("concurrent traffic: the server "
+                                                       "finished 5 requests besides")
+    plain = drift.measure(Computing(), SPEC)
+    assert plain.traffic[0].startswith("concurrent traffic unchecked")
+    report = drift.prefill_vs_decode(busy)
+    assert report.traffic == tuple(busy.traffic) and report.to_json()["traffic"]

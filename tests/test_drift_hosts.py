@@ -28,8 +28,11 @@ MHC_TEXT = "mixes = F.linear(x.flatten(1).bfloat16(), hc_fn.bfloat16()).float()"
 RULES = "/etc/standin-numerics.json"
 NOISE = {"STANDIN_STARTUP_DELAY": "0.2", "STANDIN_NONDETERMINISM": "1e-6",
          "STANDIN_NUMERICS_RULES": RULES}
+# 1k conversations give 2 sequences a round; a budget of 24 lets the probe add rounds
+# until its outcome is decided (isolate/driftdecide.py: the sequence is the unit)
+BUDGET = ("--budget", "24")
 PROBE = ("--probe", "drift", "--sizes", "1k", "--output-tokens", "48", "--symptom",
-         "decode-quality")
+         "decode-quality", *BUDGET)
 
 
 def rules(env: dict, *rule: dict) -> None:
@@ -72,7 +75,7 @@ def restart(env: dict, capsys, version: str) -> None:
 
 def probe(env: dict, capsys) -> tuple[int, dict]:
     code, out, err = cli(capsys, "probe", env["host"].name, "--kind", "drift", "--sizes", "1k",
-                         "--output-tokens", "48", "--format", "json")
+                         "--output-tokens", "48", "--format", "json", *BUDGET)
     assert out, err
     return code, json.loads(out)
 
@@ -87,7 +90,8 @@ def test_drift_above_noise_with_the_mhc_rule_within_without(served, capsys) -> N
     rules(served)
     restart(served, capsys, "probe-none")
     code, quiet = probe(served, capsys)
-    assert code == 0 and quiet["report"]["verdict"]["above"] is False, quiet["report"]["verdict"]
+    assert code == 0 and quiet["report"]["verdict"]["outcome"] == "bounded", \
+        quiet["report"]["verdict"]
     assert loud["report"]["overall"]["overall"]["mean"] > 100 * quiet["report"]["overall"][
         "overall"]["mean"]
 
@@ -113,10 +117,13 @@ def test_bisect_attributes_the_drift_to_mhc_bf16_within_the_bound(served, capsys
                for name, c in values.items() if name != "mhc-bf16")
     assert report["unit_restarts"] == sum(len(s["restarted"]) for s in report["steps"])
     assert report["steps"][-1]["action"] == "restore"
+    assert report["undecided"] == []
     for step in report["steps"][1:-1]:      # each state judged against the start's noise
         ab, here = step["probes"]
-        assert ab["verdict"]["above"] is not None, ab["verdict"]
-        assert here["verdict"]["above"] is (not step["probe_ok"]), (here["verdict"], step)
+        assert ab["verdict"]["outcome"] in ("above", "bounded"), ab["verdict"]
+        # a state clears only when its own prefill vs decode is bounded (one round of 2
+        # sequences cannot be: such a state is never taken for cleared)
+        assert (here["verdict"]["outcome"] == "bounded") is step["probe_ok"], (here, step)
     assert snapshot(served) == before
 
 
@@ -149,6 +156,7 @@ def test_through_the_router_the_prefill_server_is_compared_with_the_decode_serve
         report = data["report"]
         assert f"127.0.0.1:{port} via ssh" in report["endpoint"]       # the router's port
         assert code == 1 and report["verdict"]["above"] is True, report["verdict"]
-        assert [s["name"] for s in report["sequences"]] == ["ops-1k/turn-1", "ops-1k/turn-2"]
+        names = [s["name"] for s in report["sequences"]]
+        assert names[:2] == ["ops-1k/turn-1", "ops-1k/turn-2"] and len(names) <= 24
     finally:
         deploy(served, capsys, serving={"env": {**NOISE, "RULES_VERSION": "router-off"}})

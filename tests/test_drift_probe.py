@@ -36,7 +36,8 @@ def serve(launch, rules: Path, bf16: bool) -> str:  # noqa: F811
 
 def probe(capsys, url: str, *extra: str) -> tuple[int, dict]:
     code, out, err = cli(capsys, "probe", "--url", url, "--kind", "drift", "--sizes", "1k",
-                         "--output-tokens", "48", "--format", "json", *extra)
+                         "--output-tokens", "48", "--format", "json", "--budget", "24",
+                         *extra)
     assert out, err
     return code, json.loads(out)
 
@@ -47,18 +48,22 @@ def test_drift_above_noise_with_the_rule_within_without_and_ab(launch, rules, tm
     saved = tmp_path / "plain.json"
     code, quiet = probe(capsys, plain, "--save", str(saved))
     rep = quiet["report"]
-    assert code == 0 and rep["kind"] == "prefill-vs-decode" and rep["verdict"]["above"] is False
-    assert [s["name"] for s in rep["sequences"]] == ["ops-1k/turn-1", "ops-1k/turn-2"]
+    verdict = rep["verdict"]
+    assert code == 0 and rep["kind"] == "prefill-vs-decode" and verdict["outcome"] == "bounded"
+    assert verdict["above"] is False and verdict["upper"] < verdict["tolerance"] == 0.002
+    names = [s["name"] for s in rep["sequences"]]      # rounds until decided, 16 at least
+    assert names[:3] == ["ops-1k/turn-1", "ops-1k/turn-2", "ops-1k#1/turn-1"]
+    assert 16 <= len(names) <= 24 and verdict["sequences"] == len(names)
     assert all(s["output_tokens"] == 48 and s["prompt_tokens"] > 700 for s in rep["sequences"])
-    assert len(rep["verdict"]["noise"]) == 2 and all(n > 0 for n in rep["verdict"]["noise"])
-    assert rep["overall"]["overall"]["tokens"] >= 2 * 47
+    assert verdict["noise"] > 0 and verdict["looks"] == 12 and verdict["detectable"] > 0
+    assert rep["overall"]["overall"]["tokens"] >= 16 * 47
     assert saved.stat().st_mode & 0o777 == 0o600 and quiet["saved"] == str(saved)
 
     code, loud = probe(capsys, rounded)
     drift = loud["report"]["overall"]["overall"]["mean"]
-    assert code == 1 and loud["report"]["verdict"]["above"] is True
+    assert code == 1 and loud["report"]["verdict"]["outcome"] == "above"
     assert drift > 100 * max(rep["overall"]["overall"]["mean"], 1e-15)
-    assert "one-sided" in loud["report"]["verdict"]["why"]
+    assert "signed-rank p" in loud["report"]["verdict"]["why"]
 
     # A/B: the plain run's tokens replayed on the rounded server, and on itself
     code, ab = probe(capsys, rounded, "--against", str(saved))
@@ -71,16 +76,23 @@ def test_drift_above_noise_with_the_rule_within_without_and_ab(launch, rules, tm
 def test_the_chart_is_inline_svg_with_its_points(launch, rules, capsys) -> None:  # noqa: F811
     url = serve(launch, rules, True)
     code, out, _ = cli(capsys, "probe", "--url", url, "--kind", "drift", "--sizes", "1k",
-                       "--output-tokens", "48", "--format", "html")
+                       "--output-tokens", "48", "--format", "html", "--budget", "24")
     assert code == 1
     assert out.startswith("<!doctype html>") and "<script" not in out and "http" not in \
         out.split("<pre>")[0]
-    assert out.count("<svg") == 3                          # overall + two sequences
+    import re
+    table = out.split("<pre>")[1].split("</pre>")[0]
+    sequences = len(set(re.findall(r"ops-1k(?:#\d+)?/turn-\d", table)))
+    assert out.count("<svg") == 1 + sequences and sequences >= 2   # overall + each
     assert out.count('class="point"') >= 30 and 'class="noise"' in out
     assert 'data-position="' in out and "DRIFT above the noise" in out
     code, out, _ = cli(capsys, "probe", "--url", url, "--kind", "drift", "--sizes", "1k",
-                       "--output-tokens", "48")
+                       "--output-tokens", "48", "--budget", "24")
     assert code == 1 and "verdict: DRIFT above the noise" in out and "ops-1k/turn-1" in out
+    assert "upper bound" in out and "tolerance 0.002" in out
+    code, out, _ = cli(capsys, "probe", "--url", url, "--kind", "drift", "--sizes", "1k",
+                       "--output-tokens", "48", "--budget", "0")  # 2 sequences: undecidable
+    assert code == 5 and "verdict: INCONCLUSIVE" in out and "at least 7 sequences" in out
 
 
 def test_bad_input_and_an_unreachable_server(tmp_path, capsys) -> None:

@@ -200,3 +200,28 @@ def test_conversations_are_long_deterministic_and_use_tools():
     assert first.turns > 10 and "<|user|>" in first.follow_up
     assert conversations.build(8192, seed=1).text != first.text
     assert [c.name for c in conversations.build_all()] == ["ops-8k", "ops-16k", "ops-32k"]
+
+
+def test_a_group_neither_told_from_the_noise_nor_bounded_is_undecided_never_cleared():
+    """Issue 24: a bisect clears a suspect only when its contribution is bounded below the
+    tolerance; a noisy group (mean ~0, wide interval) below a tight tolerance stays
+    undecided, the report says so and exits INCONCLUSIVE; with a tolerance above its
+    upper bound the same measurements clear it."""
+    from isolate.bisect import BisectReport, _drift_verdict
+    from patchset.errors import Exit
+    noise = driftsearch.Noise(0.0, 0.0)
+
+    def measure(group: tuple[str, ...]) -> driftsearch.Measurement:
+        return driftsearch.Measurement(tuple((-1) ** i * 1e-3 for i in range(20)), False)
+
+    found = driftsearch.search(["a", "b"], measure, noise, tolerance=1e-4)
+    assert found.undecided == ["a", "b"] and found.culprits == []
+    assert {c.how for c in found.contributions} == {"undecided"}
+    verdict = _drift_verdict(found, 1e-6, 1e-4)
+    assert verdict.startswith("no suspect carries a drift told from the noise; undecided")
+    report = BisectReport("gpu1", "b1", "drift", "u", "context-loss", "t", ["a", "b"],
+                          undecided=found.undecided)
+    assert report.exit_code == Exit.INCONCLUSIVE == 5
+    cleared = driftsearch.search(["a", "b"], measure, noise, tolerance=1e-2)
+    assert cleared.undecided == [] and {c.how for c in cleared.contributions} == {
+        "cleared-group"}

@@ -59,7 +59,7 @@ def samples(text: str) -> dict[str, list[tuple[dict, float]]]:
 
 
 def probe_results() -> list[ProbeResult]:
-    figures = drift.prefill_vs_decode(state_run(set(ORDER)), K).to_json()
+    figures = drift.prefill_vs_decode(state_run(set(ORDER))).to_json()
     return [ProbeResult(probe="recall", name="recall", ok=False, reason="lost", expected="T",
                         answer=f"I don't know {SECRET}", latency_ms=250.0, url="gpu1 x"),
             ProbeResult(probe="drift", name="drift", ok=False, reason="above the noise",
@@ -125,10 +125,11 @@ def test_probe_and_drift_figures(series) -> None:
     assert got["patchset_probe_drift_mean"] == [({"host": "gpu1", "probe": "drift",
                                                   "name": "drift"},
                                                  figures["overall"]["overall"]["mean"])]
-    assert got["patchset_probe_drift_threshold"][0][1] == figures["verdict"]["threshold"]
+    assert got["patchset_probe_drift_tolerance"][0][1] == figures["verdict"]["tolerance"]
+    assert got["patchset_probe_drift_upper"][0][1] == figures["verdict"]["upper"]
     assert got["patchset_probe_drift_above"][0][1] == 1
     assert got["patchset_probe_drift_noise_mean"][0][1] == pytest.approx(
-        sum(figures["verdict"]["noise"]) / len(figures["verdict"]["noise"]))
+        figures["verdict"]["noise"])
     assert "patchset_probe_drift_mean" not in {n for n, rows in got.items()
                                                for lb, _ in rows if lb.get("name") == "recall"}
     assert SECRET not in text and "I don" not in text        # answers are no label

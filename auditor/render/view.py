@@ -179,15 +179,17 @@ def probe_of(finding: dict) -> dict | None:
 
 def drift_charts(host: dict) -> list[dict]:
     """Per drift probe of the host ({title, svg}): the drift by token position, overall
-    and per sequence, against the noise threshold (`points` of the record; a record
-    without them shows its position buckets' means as bars)."""
+    and per sequence, against the tolerance (an older record: the noise threshold)
+    (`points` of the record; a record without them shows its position buckets' means as
+    bars)."""
     out = []
     for record in host.get("probes") or []:
         figures = record.get("drift")
         if record.get("probe") != "drift" or not isinstance(figures, dict):
             continue
         verdict = figures.get("verdict") if isinstance(figures.get("verdict"), dict) else {}
-        threshold = _number(verdict.get("threshold"))
+        # the line: the tolerance (a decision, since 1.6), an older record's noise threshold
+        threshold = _number(verdict.get("tolerance", verdict.get("threshold")))
         where = f" at {record['url']}" if record.get("url") else ""
         parts = [(f"overall{where}: drift by position", figures.get("overall"))]
         parts += [(str(s.get("name", "sequence")), s) for s in figures.get("sequences") or []

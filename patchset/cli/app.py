@@ -96,6 +96,16 @@ SigmasOpt = typer.Option(3.0, "--sigmas", callback=within(0.5, 10.0, "a number o
                          "(or a bisect's contribution) real")
 OutputTokensOpt = typer.Option(256, "--output-tokens", min=1, max=32768,
                                help="drift: tokens generated per sequence")
+ToleranceOpt = typer.Option(0.002, "--tolerance",
+                            callback=within(1e-12, 10.0, "a drift per token"),
+                            help="drift: the drift per token that matters; a drift bounded "
+                            "below it is `bounded` (default: SGLang's own KL gate)")
+ConfidenceOpt = typer.Option(0.99, "--confidence",
+                             callback=within(0.5, 0.9999, "a confidence"),
+                             help="drift: one-sided confidence of `above` and `bounded`")
+BudgetOpt = typer.Option(48, "--budget", min=0, max=2048,
+                         help="drift: sequences at most; rounds of conversations are added "
+                         "until the outcome is decided (0: the shipped conversations once)")
 
 
 LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another patchset "

@@ -12,9 +12,10 @@ from typing import Optional
 import typer
 
 from ..errors import Exit
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, DeployView, HealthTimeoutOpt, InventoryOpt,
-                  JsonOpt, OutputTokensOpt, ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TargetOpt,
-                  app, emit_json, esc, load, output_file, resolver_for, say, term)
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, BudgetOpt, ConfidenceOpt, DeployView,
+                  HealthTimeoutOpt, InventoryOpt, JsonOpt, OutputTokensOpt, ProbeTimeoutOpt,
+                  SeriesOpt, SigmasOpt, TargetOpt, ToleranceOpt, app, emit_json, esc, load,
+                  output_file, resolver_for, say, term)
 
 
 @app.command()
@@ -27,6 +28,9 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
                                        "of the starting state (their spread is the noise)"),
            output_tokens: int = OutputTokensOpt,
            sigmas: float = SigmasOpt,
+           tolerance: float = ToleranceOpt,
+           confidence: float = ConfidenceOpt,
+           budget: int = BudgetOpt,
            symptom: str = typer.Option("context-loss", "--symptom", help="which ranking "
                                        "orders the suspects"),
            url: Optional[str] = typer.Option(None, "--url", help="probe this endpoint "
@@ -44,7 +48,9 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
            accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
            series: Optional[Path] = SeriesOpt) -> None:
     """Find the smallest change of the series that makes a failing probe pass. Exit 0 found
-    (or nothing to find), 1 no change flips it, 4 stopped or not restored, 130 Ctrl-C."""
+    (or nothing to find), 1 no change flips it, 4 stopped or not restored, 5 (drift) some
+    suspects stay undecided (neither told from the noise nor bounded below the
+    tolerance: never cleared), 130 Ctrl-C."""
     from isolate import bisect as bisector
     from isolate.probe import parse_kinds, parse_sizes, parse_url
     s = load(series)
@@ -61,7 +67,8 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
             plan = bisector.DriftProbe(
                 client_for(host, url_checked, None, api_key_env, resolver=resolver),
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
-                          timeout=probe_timeout, k=sigmas))
+                          timeout=probe_timeout, k=sigmas, tolerance=tolerance,
+                          confidence=confidence, budget=budget))
         else:
             from isolate.probe import direct
             plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,

@@ -17,11 +17,14 @@ from .app import (
     InventoryOpt,
     JsonOpt,
     LockWaitOpt,
+    BudgetOpt,
+    ConfidenceOpt,
     OutputTokensOpt,
     RichProgress,
     SecondsOpt,
     SeriesOpt,
     SigmasOpt,
+    ToleranceOpt,
     TargetOpt,
     app,
     emit_json,
@@ -55,12 +58,17 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
                                       "of each sequence (their spread is the noise)"),
           output_tokens: int = OutputTokensOpt,
           sigmas: float = SigmasOpt,
+          tolerance: float = ToleranceOpt,
+          confidence: float = ConfidenceOpt,
+          budget: int = BudgetOpt,
           fmt: str = typer.Option("table", "--format", help="table | json | html"),
           inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
     """Context-fidelity probes (multi-turn recall with tools, long-context needle per
     size), or `--kind drift`: the server's numerics in logprobs (prefill vs decode, or A/B
-    against a saved run). Exit 0 all pass / no drift above the noise, 1 a probe failed or
-    a drift above the noise, 3 the endpoint could not be reached."""
+    against a saved run), decided as above the noise, bounded below the tolerance or
+    inconclusive. Exit 0 all pass / drift bounded, 1 a probe failed or a drift above the
+    noise, 3 the endpoint could not be reached, 5 the drift is inconclusive at the
+    sequences measured (it says what it would take)."""
     if bool(host) == bool(url):
         raise UsageError("probe: give exactly one of HOST or --url")
     if fmt not in ("table", "json", "html"):
@@ -68,7 +76,7 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
     fmt = "json" if as_json else fmt
     if kind == "drift":
         _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
-                     output_tokens, sigmas, fmt, inventory)
+                     output_tokens, sigmas, fmt, inventory, (tolerance, confidence, budget))
         return
     if save or against:
         raise UsageError("--save and --against go with --kind drift")
@@ -89,13 +97,15 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
 
 
 def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
-                 output_tokens, sigmas, fmt, inventory) -> None:
+                 output_tokens, sigmas, fmt, inventory, decision) -> None:
     from isolate import driftview
     from isolate.drift import DriftSpec, probe_drift
     from isolate.httpjson import client_for
     from isolate.probe import parse_sizes
+    tolerance, confidence, budget = decision
     spec = DriftSpec(sizes=parse_sizes(sizes), output_tokens=output_tokens, repeats=repeats,
-                     timeout=timeout, k=sigmas)
+                     timeout=timeout, k=sigmas, tolerance=tolerance, confidence=confidence,
+                     budget=budget)
     client = client_for(host, url, str(inventory) if inventory else None, api_key_env)
     try:
         outcome = probe_drift(client, spec, save=save, against=against, say=say)
@@ -111,8 +121,10 @@ def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
             term().print(line, markup=False)
     if outcome.unreachable:
         raise typer.Exit(Exit.UNREACHABLE)
-    if outcome.report is None or outcome.report.verdict.above:
-        raise typer.Exit(Exit.FINDINGS)
+    code = {"above": Exit.FINDINGS, "bounded": Exit.OK}.get(
+        outcome.report.verdict.outcome if outcome.report else "", Exit.INCONCLUSIVE)
+    if code:
+        raise typer.Exit(code)
 
 
 def _render_probe(report) -> None:

@@ -207,7 +207,7 @@ def _probe(fam: Families, h: str, probe: dict) -> None:
     key = ("host", "probe", "name")
     values = (h, probe.get("probe"), probe.get("name"))
     fam.gauge("probe_ok", "1 when the probe passed (fidelity: the planted token came back; "
-              "drift: within the noise)", key, values, bool(probe.get("ok")))
+              "drift: bounded below the tolerance)", key, values, bool(probe.get("ok")))
     fam.gauge("probe_reachable", "1 when the probe's endpoint answered", key, values,
               not probe.get("unreachable"))
     fam.gauge("probe_latency_seconds", "the probe's request time", key, values,

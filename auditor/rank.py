@@ -161,7 +161,7 @@ def _measured_why(m: MeasuredContribution, band: int) -> str:
         return (f"{where}: contribution {_g(m.value)} {interval} ({m.how}), above {limit}: "
                 "ranked by it, ahead of the prior weights")
     if m.value is not None:
-        said = f"contribution {_g(m.value)} {interval} ({m.how}), within {limit}"
+        said = f"contribution {_g(m.value)} {interval} ({m.how}), not told from {limit}"
     elif m.how in HOW_UNDECIDED:
         said = (f"undecided: at most {_g(m.high)} {interval}, not bounded below the "
                 "tolerance and not told from the noise")
@@ -169,8 +169,8 @@ def _measured_why(m: MeasuredContribution, band: int) -> str:
         said = (f"not needed: the group before it already cleared the drift; at most "
                 f"{_g(m.high)} {interval}")
     else:
-        said = (f"cleared with its group (the group's A/B drift was within {limit}); at "
-                f"most {_g(m.high)} {interval}")
+        said = (f"cleared with its group (the group's A/B drift was bounded, at most "
+                f"{_g(m.high)} {interval})")
     after = ": ranked after every unmeasured suspect" if band == MEASURED_CLEARED else ""
     return f"{where}: {said}{after}"
 

@@ -239,7 +239,8 @@ def measured_cell(suspect: dict) -> str:
     parts = []
     for m in suspect.get("measured") or []:
         value = "cleared" if m["value"] is None else number(m["value"])
-        verdict = "above the noise" if m["above"] else "within the noise"
+        verdict = "above the noise" if m["above"] else "undecided" \
+            if m.get("how") == "undecided" else "not told from the noise"
         parts.append(f"{m['host']}: {value} [{number(m['low'])}, {number(m['high'])}] "
                      f"{verdict}")
     return "; ".join(parts) or "-"

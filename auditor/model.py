@@ -227,7 +227,7 @@ class MeasuredStep:
     number: int
     change: str
     ab: float | None                 # mean A/B drift of the state's tokens vs the start's
-    cleared: bool | None             # its own prefill-vs-decode drift within the noise
+    cleared: bool | None             # its own prefill-vs-decode drift bounded (older: not above)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ back from each (isolate/bisect.py measures them):
   the same positions every state): how much taking G out moves the output. Net of the
   noise's mean (two replays of one state differ by that much already), it is G's
   contribution;
-* `cleared`: whether S - G's own prefill-vs-decode drift is back within the noise: G
-  holds everything that made prefill and decode disagree.
+* `cleared`: whether S - G's own prefill-vs-decode drift is bounded below the
+  tolerance: G holds everything that made prefill and decode disagree.
 
 The search (adaptive binary splitting, most likely first): split the group in two halves
 in ranking order (gated suspects first, so the cheap env-only states come first), measure
@@ -85,7 +85,7 @@ class Noise:
 class Measurement:
     """One test state: the A/B drift of S vs S - group, token by token in the order of
     S's saved tokens (the same positions in every state), and whether S - group's own
-    prefill-vs-decode drift is back within the noise."""
+    prefill-vs-decode drift is bounded below the tolerance."""
 
     values: tuple[float, ...]
     cleared: bool

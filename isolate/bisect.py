@@ -39,6 +39,7 @@ from patchset.model import Series
 from patchset.selection import Plan, Selection
 
 from . import drift, driftsearch, driftstats
+from .driftdecide import MIN_BOUNDED
 from . import probe as probe_mod
 
 SERVER_ROLES = ("prefill", "decode")
@@ -183,7 +184,10 @@ class DriftProbe:
         return self.client.describe()
 
     def baseline(self) -> Any:
-        return self._guard(lambda: drift.measure(self.client, self.spec))
+        """The starting state, with at least the sequences a bound needs (its tokens are
+        every state's A/B: a state can be cleared only if it can be bounded)."""
+        return self._guard(lambda: drift.measure(self.client, self.spec,
+                                                 at_least=MIN_BOUNDED))
 
     def at(self, base: Any) -> tuple[Any, Any]:
         """(A/B drift of the starting state's tokens, this state's prefill-vs-decode)."""
@@ -273,6 +277,13 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
     decided = start.verdict
     report.steps.append(BisectStep(0, "baseline", "starting state", list(report.starting), [],
                                    decided.outcome == "bounded", [_drift_json(start)]))
+    if decided.outcome == "above" and decided.upper is not None and \
+            decided.upper < decided.tolerance:
+        report.verdict = (f"prefill and decode differ beyond the noise, but by less than the "
+                          f"tolerance ({decided.why}): nothing that matters to bisect; a "
+                          "smaller --tolerance attributes it")
+        report.restored = True
+        return report
     if decided.outcome != "above":
         report.verdict = (
             f"prefill vs decode is bounded below the tolerance in the starting state "

@@ -172,12 +172,14 @@ class DriftRun:
 
 # ---------------------------------------------------------------- measuring
 
-def measure(client: Client, spec: DriftSpec, say: Callable[[str], None] = lambda _: None
-            ) -> DriftRun:
+def measure(client: Client, spec: DriftSpec, say: Callable[[str], None] = lambda _: None,
+            at_least: int = 0) -> DriftRun:
     """Generate from every conversation (and its second turn), replay each sequence
     `spec.repeats` times as prefill; within `spec.budget`, add a round of conversations
     (the next seed: deterministic) until prefill vs decode is decided (above or bounded)
-    or the budget is spent. Every look is held to its share of the error (Judge.looks)."""
+    and there are `at_least` sequences (a bisect's baseline: enough for its states' A/B
+    to be bounded), or the budget is spent. Every look is held to its share of the error
+    (Judge.looks)."""
     started = time.time()
     sequences: list[Sequence] = []
     notes: list[str] = []
@@ -192,7 +194,7 @@ def measure(client: Client, spec: DriftSpec, say: Callable[[str], None] = lambda
         if round_ + 1 < spec.rounds:
             outcome = prefill_vs_decode(run, spec.judge).verdict
             say(f"drift: {len(sequences)} sequences: {outcome.outcome}")
-            if outcome.outcome != "inconclusive":
+            if outcome.outcome != "inconclusive" and len(sequences) >= at_least:
                 break
     return run
 

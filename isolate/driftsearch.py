@@ -45,7 +45,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .driftdecide import DEFAULT_TOLERANCE
+from .driftdecide import DEFAULT_TOLERANCE, MIN_BOUNDED
 from .driftstats import RESOLUTION
 
 
@@ -125,8 +125,12 @@ class Effect:
         return self.value > k * self.se and self.value > RESOLUTION
 
     def bounded(self, k: float, tolerance: float) -> bool:
-        """Its upper bound (k standard errors above it) is below the tolerance."""
-        return self.value + k * self.se < tolerance
+        """Its upper bound (k standard errors above it) is below the tolerance, on at
+        least the sequences a bound is trusted on (driftdecide.MIN_BOUNDED; values keyed
+        by token alone have no sequences to count)."""
+        named = {key[0] for key in self.keys if isinstance(key, tuple)}
+        enough = not named or len(named) >= MIN_BOUNDED
+        return enough and self.value + k * self.se < tolerance
 
 
 @dataclass

@@ -201,7 +201,7 @@ def ranked_with(series, desc, access: Access, symptom: str = "context-loss"):
 # search from isolate.driftsearch, the file from isolate.bisect.save: the format
 # `patchset bisect HOST --probe drift` writes.
 
-TOKENS, PROMPTS, JITTER, K = 48, tuple(700 + 30 * i for i in range(8)), 1e-4, 3.0
+TOKENS, PROMPTS, JITTER, K = 48, tuple(700 + 30 * i for i in range(16)), 1e-4, 3.0
 ENDPOINT = "http://10.0.0.5:30000"
 # the bisect's candidates, gated ones first (isolate/bisect.py orders them so)
 ORDER = ["mma-splitk-decode", "triton-dsa-indexer", "mhc-bf16", "default-thinking-reasoning",

@@ -208,8 +208,9 @@ def test_series_and_values_through_prometheus(exporter, prometheus, audit_env) -
     assert 0 <= float(age[0]["value"][1]) < 60
     assert prometheus.query("patchset_audit_interval_seconds")[0]["value"][1] == str(INTERVAL)
     # the drift probe: mhc-bf16's change rounds the stand-in's carried state to bf16
-    drift = prometheus.query("patchset_probe_drift_mean > patchset_probe_drift_threshold")
+    drift = prometheus.query("patchset_probe_drift_above == 1")
     assert [r["metric"]["name"] for r in drift] == ["drift"]
+    assert prometheus.query("patchset_probe_drift_mean > patchset_probe_drift_noise_mean")
     assert prometheus.query('patchset_probe_ok{probe="drift"}')[0]["value"][1] == "0"
     wait_for("PatchsetProbeFailing", lambda: prometheus.alerts("PatchsetProbeFailing"))
     wait_for("PatchsetHazardFiring on both servers", lambda: sorted(

@@ -191,11 +191,15 @@ class DriftProbe:
 
     def at(self, base: Any) -> tuple[Any, Any]:
         """(A/B drift of the starting state's tokens, this state's prefill-vs-decode)."""
-        once = replace(self.spec, repeats=1, budget=0)   # one round; the noise is base's
+        # replayed once (the noise is base's); the state's own prefill vs decode on the
+        # sequences a bound needs, so that a state that holds the whole drift can clear
+        rounds = -(-MIN_BOUNDED // self.spec.per_round)
+        once = replace(self.spec, repeats=1, budget=rounds * self.spec.per_round)
         return self._guard(lambda: (drift.a_b(base, drift.replay_saved(self.client, base, once),
                                               self.spec.fixed, noise_of=base),
-                                    drift.prefill_vs_decode(drift.measure(self.client, once),
-                                                            self.spec.fixed, noise_of=base)))
+                                    drift.prefill_vs_decode(
+                                        drift.measure(self.client, once, at_least=MIN_BOUNDED),
+                                        self.spec.fixed, noise_of=base)))
 
     @staticmethod
     def _guard(run: Callable[[], Any]) -> Any:
@@ -321,7 +325,8 @@ def _bisect_drift(t: BisectHost, probe: DriftProbe, report: BisectReport,
         return found
 
     def attribute() -> None:
-        found = driftsearch.search(list(steps), measure, driftsearch.Noise.of(noise),
+        found = driftsearch.search(list(steps), measure,
+                                   driftsearch.Noise.of(noise, drift.sequence_noise(base)),
                                    probe.spec.k, cheap=frozenset(n for n, c in steps.items()
                                                                  if c.plan == "gate-off"),
                                    tolerance=probe.spec.tolerance)

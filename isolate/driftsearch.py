@@ -29,6 +29,13 @@ does not descend into it, and the bisect says which suspects remain undecided an
 sequences (the unit of inference: tokens of one sequence are correlated), from the
 per-token values' keys.
 
+With the values keyed by (sequence, position), as a bisect keys them, a group is decided
+as driftdecide decides a comparison: per sequence, its mean A/B net of that sequence's own
+noise; real when the exact signed-rank test rejects at the confidence k stands for
+(99.87% for k = 3), bounded when the bootstrap bound on at least 16 sequences is below
+the tolerance. Values keyed by token alone (the unit tests' simulations) keep the
+standard-error test below.
+
 Telling a contribution from zero uses its own standard error, not only the noise's: a
 large drift's A/B varies from one measurement to the next far more than two replays of
 one state do (the drift times the jitter, token by token), and a group measured on fewer
@@ -45,7 +52,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .driftdecide import DEFAULT_TOLERANCE, MIN_BOUNDED
+from .driftdecide import BOUND_MARGIN, DEFAULT_TOLERANCE, MIN_BOUNDED, bounds, signed_rank_p
 from .driftstats import RESOLUTION
 
 
@@ -71,14 +78,18 @@ def _sequence_se(values: Sequence[float], keys: Sequence) -> float:
 @dataclass(frozen=True)
 class Noise:
     """Two replays of the starting state against each other: the A/B drift of a group
-    that changes nothing has this mean; `se` is the standard error of that mean."""
+    that changes nothing has this mean; `se` is the standard error of that mean;
+    `by_sequence`: each sequence's own (replay 1 against replay 0, on its tokens), what a
+    group's per-sequence A/B is paired with."""
 
     mean: float
     se: float
+    by_sequence: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Noise:
-        return cls(statistics.fmean(values) if values else 0.0, _se(values))
+    def of(cls, values: Sequence[float], by_sequence: dict | None = None) -> Noise:
+        return cls(statistics.fmean(values) if values else 0.0, _se(values),
+                   {k: v for k, v in (by_sequence or {}).items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -99,17 +110,24 @@ class Measurement:
 @dataclass(frozen=True)
 class Effect:
     """A contribution in numbers: net of the noise's mean, with its standard error and
-    the per-token values it came from (for a paired difference)."""
+    the per-token values it came from (for a paired difference); `excess`: per sequence,
+    its mean A/B net of that sequence's own noise (or, for an inferred rest, the paired
+    difference): the unit the decision is taken on, as isolate/driftdecide.py takes it,
+    when the values are keyed by (sequence, position)."""
 
     value: float
     se: float
     values: tuple[float, ...] = ()
     keys: tuple = ()
+    excess: tuple[float, ...] = ()
 
     @classmethod
     def measured(cls, m: Measurement, noise: Noise) -> Effect:
+        means = _by_sequence(m.values, m.keys)
+        excess = tuple(v - noise.by_sequence.get(name, noise.mean)
+                       for name, v in means.items())
         return cls(m.ab - noise.mean, math.hypot(_sequence_se(m.values, m.keys), noise.se),
-                   tuple(v - noise.mean for v in m.values), m.keys)
+                   tuple(v - noise.mean for v in m.values), m.keys, excess)
 
     def minus(self, part: Effect) -> Effect:
         """The rest of a group once its `part` is known: token by token when both were
@@ -117,20 +135,46 @@ class Effect:
         if len(self.values) > 1 and self.keys and self.keys == part.keys:
             diff = tuple(a - b for a, b in zip(self.values, part.values))
             return Effect(statistics.fmean(diff), _sequence_se(diff, self.keys), diff,
-                          self.keys)
+                          self.keys, tuple(_by_sequence(diff, self.keys).values()))
         return Effect(self.value - part.value, math.hypot(self.se, part.se))
 
     def real(self, k: float) -> bool:
-        """Told from zero: above k standard errors and above what logprobs resolve."""
+        """Told from zero: by sequence, the exact signed-rank test at the confidence k
+        standard errors stand for (k = 3: 99.87%); else above k standard errors; and
+        above what logprobs resolve either way."""
+        if self.excess:
+            alpha = 1 - statistics.NormalDist().cdf(k)
+            return signed_rank_p(list(self.excess)) <= alpha and self.value > RESOLUTION
         return self.value > k * self.se and self.value > RESOLUTION
 
     def bounded(self, k: float, tolerance: float) -> bool:
-        """Its upper bound (k standard errors above it) is below the tolerance, on at
-        least the sequences a bound is trusted on (driftdecide.MIN_BOUNDED; values keyed
-        by token alone have no sequences to count)."""
-        named = {key[0] for key in self.keys if isinstance(key, tuple)}
-        enough = not named or len(named) >= MIN_BOUNDED
-        return enough and self.value + k * self.se < tolerance
+        """Its upper bound is below the tolerance: by sequence, the bootstrap bound of
+        driftdecide on at least MIN_BOUNDED sequences; values keyed by token alone: k
+        standard errors above it."""
+        if self.excess:
+            upper = self.interval(k)[1]
+            return len(self.excess) >= MIN_BOUNDED and upper < tolerance
+        return self.value + k * self.se < tolerance
+
+    def interval(self, k: float) -> tuple[float, float]:
+        """(low, high): the bootstrap bounds over sequences (with driftdecide's margin),
+        else value -+ k standard errors."""
+        if len(self.excess) >= 2:
+            confidence = statistics.NormalDist().cdf(k)
+            low, high = bounds(list(self.excess), 1 - (1 - confidence) / BOUND_MARGIN)
+            return float(low), float(high)
+        return self.value - k * self.se, max(self.value, 0.0) + k * self.se
+
+
+def _by_sequence(values: Sequence[float], keys: Sequence) -> dict:
+    """Sequence name -> the mean of its values (keys (sequence, position)); {} when the
+    values are not keyed by sequence."""
+    if not keys or len(keys) != len(values) or not isinstance(keys[0], tuple):
+        return {}
+    groups: dict = {}
+    for key, value in zip(keys, values):
+        groups.setdefault(key[0], []).append(value)
+    return {name: statistics.fmean(v) for name, v in groups.items()}
 
 
 @dataclass
@@ -178,14 +222,13 @@ def search(order: list[str], measure: Measure, noise: Noise, k: float = 3.0,
         return memo[group], Effect.measured(memo[group], noise)
 
     def add(names: tuple[str, ...], effect: Effect, how: str) -> None:
-        width = k * effect.se
+        low, high = effect.interval(k)
         for name in names:
             alone = len(names) == 1 and how in ("measured", "inferred")
             above = alone and effect.real(k)
             value = max(effect.value, 0.0) if alone else None     # a drift is never < 0
             result.contributions.append(Contribution(
-                name, value, max(0.0, effect.value - width) if alone else 0.0,
-                max(effect.value, 0.0) + width, how, above))
+                name, value, max(0.0, low) if alone else 0.0, max(high, 0.0), how, above))
             if above:
                 result.culprits.append(name)
             if how == "undecided":

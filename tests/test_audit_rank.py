@@ -251,7 +251,8 @@ def bisect_file(path: Path, host: str = "gpu1", deltas: dict[str, float] = DELTA
                                        [ab.to_json(), here.to_json()]))
         return found
 
-    found = driftsearch.search(list(ORDER), measure, driftsearch.Noise.of(noise), K)
+    found = driftsearch.search(list(ORDER), measure,
+                               driftsearch.Noise.of(noise, drift.sequence_noise(base)), K)
     report.contributions = [dataclasses.asdict(c) for c in found.contributions]
     if found.culprits:
         top = max(found.contributions, key=lambda c: c.value or 0.0)

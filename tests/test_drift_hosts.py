@@ -122,8 +122,7 @@ def test_bisect_attributes_the_drift_to_mhc_bf16_within_the_bound(served, capsys
     for step in report["steps"][1:-1]:      # each state judged against the start's noise
         ab, here = step["probes"]
         assert ab["verdict"]["outcome"] in ("above", "bounded"), ab["verdict"]
-        # a state clears only when its own prefill vs decode is bounded (one round of 2
-        # sequences cannot be: such a state is never taken for cleared)
+        # a state clears only when its own prefill vs decode is bounded (on 16 sequences)
         assert (here["verdict"]["outcome"] == "bounded") is step["probe_ok"], (here, step)
     assert snapshot(served) == before
 

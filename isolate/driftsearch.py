@@ -52,7 +52,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .driftdecide import BOUND_MARGIN, DEFAULT_TOLERANCE, MIN_BOUNDED, bounds, signed_rank_p
+from .driftdecide import (BOUND_MARGIN, DEFAULT_TOLERANCE, MIN_BOUNDED, bounds, hinges,
+                          signed_rank_p)
 from .driftstats import RESOLUTION
 
 
@@ -153,7 +154,8 @@ class Effect:
         standard errors above it."""
         if self.excess:
             upper = self.interval(k)[1]
-            return len(self.excess) >= MIN_BOUNDED and upper < tolerance
+            return len(self.excess) >= MIN_BOUNDED and upper < tolerance and \
+                not hinges(list(self.excess))
         return self.value + k * self.se < tolerance
 
     def interval(self, k: float) -> tuple[float, float]:

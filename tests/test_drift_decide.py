@@ -24,12 +24,14 @@ def _sequence_mean(rng: random.Random, scale: float, tokens: int = 64,
     return statistics.fmean(scale * rng.lognormvariate(0, sigma) for _ in range(tokens))
 
 
-def _pairs(rng: random.Random, n: int, effect: float, sigma: float = 2.0) -> list[Paired]:
-    """n sequences; the noise's scale varies per sequence (long and short contexts); a
-    drift adds its own heavy-tailed per-token estimates of mean effect x e^(sigma^2/2)."""
+def _pairs(rng: random.Random, n: int, effect: float, sigma: float = 2.0,
+           spread: float = 1.0) -> list[Paired]:
+    """n sequences; the noise's scale varies per sequence (long and short contexts, by
+    lognormal `spread`); a drift adds its own heavy-tailed per-token estimates of mean
+    effect x e^(sigma^2/2)."""
     out = []
     for i in range(n):
-        scale = 1e-5 * rng.lognormvariate(0, 1.0)
+        scale = 1e-5 * rng.lognormvariate(0, spread)
         drift = _sequence_mean(rng, scale, sigma=sigma)
         if effect:
             drift += _sequence_mean(rng, effect, sigma=sigma)
@@ -106,7 +108,7 @@ def test_each_outcome_with_its_numbers(fast) -> None:
     assert above.outcome == "above" and above.above is True and above.p_value < 0.01
     assert above.low > 0 and above.upper > above.drift > above.low
     assert "signed-rank p" in above.why
-    bounded = decide(_pairs(rng, 16, 0.0), tolerance=1e-3)
+    bounded = decide(_pairs(rng, 32, 0.0, sigma=0.5, spread=0.2), tolerance=1e-3)
     assert bounded.outcome == "bounded" and bounded.above is False
     assert bounded.upper < 1e-3 and "< tolerance" in bounded.why
     small = decide(_pairs(rng, 16, 0.0), tolerance=1e-9)
@@ -132,3 +134,15 @@ def test_zero_noise_makes_any_difference_drift(fast) -> None:
     assert some.outcome == "above" and some.deterministic and "bit for bit" in some.why
     same = decide([Paired(f"s{i}", 0.0, 0.0, 64) for i in range(7)])
     assert same.outcome == "bounded" and same.upper == 0.0
+
+
+def test_a_mean_that_hinges_on_one_sequence_is_never_bounded(fast) -> None:
+    """The 61-layer case: one sequence carries most of the drift beyond the noise. No
+    bound on the mean is trusted, whatever the tolerance; the report says why."""
+    rng = random.Random(21)
+    pairs = _pairs(rng, 32, 0.0, sigma=0.5, spread=0.2)
+    pairs[5] = Paired("s5", pairs[5].noise + 1e-4, pairs[5].noise, 64)   # one outlier
+    assert dd.hinges([p.excess for p in pairs])
+    one = decide(pairs, tolerance=1.0)
+    assert one.outcome == "inconclusive" and one.upper < 1.0
+    assert "hinges on one" in one.needs

@@ -52,7 +52,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .driftdecide import (BOUND_MARGIN, DEFAULT_TOLERANCE, MIN_BOUNDED, bounds, hinges,
+from .driftdecide import (BOUND_MARGIN, DEFAULT_TOLERANCE, MIN_BOUNDED, bounds, reaches,
                           signed_rank_p)
 from .driftstats import RESOLUTION
 
@@ -155,7 +155,7 @@ class Effect:
         if self.excess:
             upper = self.interval(k)[1]
             return len(self.excess) >= MIN_BOUNDED and upper < tolerance and \
-                not hinges(list(self.excess))
+                not reaches(list(self.excess), tolerance)
         return self.value + k * self.se < tolerance
 
     def interval(self, k: float) -> tuple[float, float]:

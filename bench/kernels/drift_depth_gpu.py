@@ -72,6 +72,9 @@ from isolate.driftdecide import (DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE,  # noqa:
                                  Paired, decide)
 from isolate.driftstats import Verdict, compare                         # noqa: E402
 
+# the decision code this process decides with (read at import: what a report names)
+DECIDE_SHA = hashlib.sha256(Path(driftdecide.__file__).read_bytes()).hexdigest()[:16]
+
 
 @dataclass
 class Config:
@@ -633,7 +636,9 @@ def report(result: dict, summary: dict) -> str:
     lines.append(f"budget {cfg['budget']} sequences, rounds of {2 * len(cfg['sizes'])}, "
                  f"looks {max(1, cfg['budget'] // (2 * len(cfg['sizes'])))}, confidence "
                  f"{DEFAULT_CONFIDENCE}, default tolerance {DEFAULT_TOLERANCE}; "
-                 f"device {result['device']}, torch {result['torch']}")
+                 f"device {result['device']}, torch {result['torch']}; decided with "
+                 f"isolate/driftdecide.py sha256 {DECIDE_SHA} (measured under "
+                 f"{result.get('driftdecide_sha256', '?')})")
     lines.append("")
     lines.append("mhc-bf16 (A = upstream fp32 mixes, B = mhc-bf16), per depth and output "
                  "length, one sequential run per seed (e_i = drift_i - noise_i, per token):")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from patchset.agent.staleness import PATCHES_VAR
-from patchset.agent.tracer import DRAFT, FORWARD, KERNEL, MODULE, OUTSIDE, split_flag
+from patchset.agent.tracer import FORWARD, KERNEL, MODULE, OUTSIDE, split_flag
 
 from .model import Server
 
@@ -330,10 +330,6 @@ def describe(entry: dict) -> str:
 
 def is_marker(patches: Iterable[str]) -> bool:
     return FORWARD in set(patches)
-
-
-def is_draft(mode: str) -> bool:
-    return mode.startswith(DRAFT)
 
 
 def _items(value: Any) -> list[tuple[Any, Any]]:

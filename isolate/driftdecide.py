@@ -47,8 +47,9 @@ sample has not seen could move the mean past it, and the outcome is at most
 inconclusive. Measured on the H200 depth bench's 61-layer sequences
 (bench/kernels/results/drift-depth-h200-2026-12-03.json, tolerance 0.9x the pooled mean):
 without this, 4-18% of 16- and 48-sequence samples bounded the drift below its true mean;
-with it, none of the 48-sequence samples and 5 in 100 of the 16-sequence ones in the
-61-layer, 64-token cell (0 elsewhere); the 8-32-layer cells keep their bounds at the
+with it, at one look, none of the 48-sequence samples and 5 in 100 of the 16-sequence
+ones in the 61-layer, 64-token cell (0 elsewhere; sequentially over 8 looks, 4 and 0 in
+100: bench/RESULTS.md); the 8-32-layer cells keep their bounds at the
 default tolerance. Deep models want more than 16 sequences before a bound (the budget).
 
 **Minimum detectable drift**: the mean excess the signed-rank test finds with POWER at

@@ -432,9 +432,11 @@ def _judge(per: tuple[SequenceDrift, ...], state: DriftRun, judge: Judge) -> Dec
 
 
 def sequence_noise(run: DriftRun) -> dict[str, float | None]:
-    """Sequence name -> the mean estimator between its replay 1 and replay 0 (None: one
-    replay, or no comparable token)."""
-    return {s.name: compare(s.prefill_lp[1], s.prefill_lp[0], s.start).overall.mean
+    """Sequence name -> the mean estimator between its replay 0 and replay 1 (None: one
+    replay, or no comparable token). Oriented as the drift is (replay 0 first, the other
+    side second): exp(r) - 1 - r is not symmetric in r, so only this order makes drift_i
+    and noise_i exchangeable when there is no drift."""
+    return {s.name: compare(s.prefill_lp[0], s.prefill_lp[1], s.start).overall.mean
             if len(s.prefill_lp) > 1 else None for s in run.sequences}
 
 

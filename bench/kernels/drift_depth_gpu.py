@@ -92,6 +92,8 @@ class Config:
     device: str = "cuda"
     residual: str = "mixed"     # mixed: drift_gpu.py's x + post*h, h holding the mixed
     #                             input (grows ~2x a layer); sublayer: x + post*(h - input)
+    noise: str = "batched"      # batched: every replay behind a random filler request;
+    #                             alone: every replay by itself (the probe's own conditions)
 
     @property
     def per_round(self) -> int:
@@ -275,8 +277,10 @@ def measure(cfg: Config, out_path: Path | None) -> dict:
               "device": (torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"),
               "driftdecide_sha256": hashlib.sha256(
                   (ROOT / "isolate" / "driftdecide.py").read_bytes()).hexdigest()[:16],
-              "noise": "every replay batched behind a fresh random filler request "
-                       "(length uniform 1/8..1/2 of the sequence's)",
+              "noise": ("every replay alone (one request at a time: the probe's own "
+                        "conditions, isolate/drift.py)" if cfg.noise == "alone" else
+                        "every replay batched behind a fresh random filler request "
+                        "(length uniform 1/8..1/2 of the sequence's)"),
               "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
               "groups": [], "timing": {}, "null_trials": 0}
     groups: list[dict] = []
@@ -284,6 +288,8 @@ def measure(cfg: Config, out_path: Path | None) -> dict:
     rng = random.Random(20261203)
 
     def filler(n: int, gen):
+        if cfg.noise == "alone":
+            return torch.empty(0, dtype=torch.long, device=dev)
         m = rng.randint(max(1, n // 8), max(1, n // 2))
         return torch.randint(2, cfg.vocab, (m,), generator=gen, device=dev)
 
@@ -639,6 +645,7 @@ def report(result: dict, summary: dict) -> str:
                  f"device {result['device']}, torch {result['torch']}; decided with "
                  f"isolate/driftdecide.py sha256 {DECIDE_SHA} (measured under "
                  f"{result.get('driftdecide_sha256', '?')})")
+    lines.append(f"noise: {result.get('noise', '?')}")
     lines.append("")
     lines.append("mhc-bf16 (A = upstream fp32 mixes, B = mhc-bf16), per depth and output "
                  "length, one sequential run per seed (e_i = drift_i - noise_i, per token):")
@@ -676,7 +683,7 @@ def report(result: dict, summary: dict) -> str:
             f"{st['hodges_lehmann']:.2g} | {noise:.3g} | {len(hit)}/{len(gs)} | "
             + (f"{_span(seqs)} | {_span(toks)} | " if hit else "- | - | ")
             + f"{dtext} | {old}/{len(gs)} above | {whole['outcome']} ({st['sequences']}, p "
-            f"{whole['p']:.2g}) | {proj if proj else '-'} | {below[0]} / {below[1]} |")
+            f"{_fmt(whole['p'])}) | {proj if proj else '-'} | {below[0]} / {below[1]} |")
     missed = [g for g in summary["groups"] if g["decision"]["first_above"] is None]
     if missed:
         lines.append("")
@@ -760,6 +767,9 @@ def main() -> None:
     parser.add_argument("--depths", help="comma-separated layer counts (default 8,16,32,61)")
     parser.add_argument("--residual", choices=("mixed", "sublayer"),
                         help="mixed (default, drift_gpu.py's model) or sublayer")
+    parser.add_argument("--noise", choices=("batched", "alone"),
+                        help="batched (default: a random filler ahead of every replay) or "
+                             "alone (each replay by itself, as the probe sends them)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--resample", type=int, default=0,
                         help="with --analyze: runs drawn from each cell's pool (coverage)")
@@ -780,6 +790,8 @@ def main() -> None:
         cfg.depths = tuple(int(x) for x in args.depths.split(","))
     if args.residual:
         cfg.residual = args.residual
+    if args.noise:
+        cfg.noise = args.noise
     measure(cfg, args.json)
 
 

@@ -269,3 +269,16 @@ def test_cli_unreachable_host_exits_3(cli_env: Path, capsys, monkeypatch) -> Non
     assert code == 3
     assert data["summary"]["unreachable"] == ["root@127.0.0.1:1"]
     assert data["hosts"][0]["error"].startswith("root@127.0.0.1:1: unreachable")
+
+
+def test_a_measured_cell_says_bounded_only_for_a_bound() -> None:
+    """A contribution not above the noise reads as what the search found: only a
+    `cleared-group` rests on a bound below the tolerance; `undecided` never reads cleared."""
+    from auditor.render.view import measured_cell
+
+    def cell(how: str, value) -> str:
+        return measured_cell({"measured": [{"host": "gpu1", "value": value, "low": 0.0,
+                                            "high": 1e-3, "above": False, "how": how}]})
+    assert "bounded below the tolerance" in cell("cleared-group", None)
+    assert "undecided" in cell("undecided", None) and "bounded" not in cell("undecided", None)
+    assert "not needed" in cell("not-needed", None)

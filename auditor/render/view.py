@@ -234,13 +234,19 @@ def measured(data: dict) -> list[dict]:
     return out
 
 
+# what a contribution that is not above the noise was found to be (driftsearch's `how`):
+# only `cleared-group` rests on a bound below the tolerance
+_NOT_ABOVE = {"undecided": "undecided", "cleared-group": "bounded below the tolerance",
+              "not-needed": "not needed (the drift was gone without it)"}
+
+
 def measured_cell(suspect: dict) -> str:
     """A suspect's measured contributions, one phrase per host ("-" when unmeasured)."""
     parts = []
     for m in suspect.get("measured") or []:
         value = "cleared" if m["value"] is None else number(m["value"])
-        verdict = "above the noise" if m["above"] else "undecided" \
-            if m.get("how") == "undecided" else "not told from the noise"
+        verdict = "above the noise" if m["above"] else _NOT_ABOVE.get(
+            m.get("how"), "not told from the noise")
         parts.append(f"{m['host']}: {value} [{number(m['low'])}, {number(m['high'])}] "
                      f"{verdict}")
     return "; ".join(parts) or "-"

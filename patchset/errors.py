@@ -11,30 +11,9 @@ from typing import Iterable
 
 
 class Exit(IntEnum):
-    """The exit codes of every command (README.md, "Exit codes"); plain ints in JSON.
-
-    code  name         meaning
-    0     OK           done / clean (audit: every check passed, `info` notes aside)
-    1     FINDINGS     findings: `status` saw drift, hand edits, foreign commits or an
-                       interrupted transaction; `check` failed; an audit check failed,
-                       warned or was `unknown`, or a host's facts could not be gathered;
-                       a probe failed; a bisect found no change that flips the probe
-    2     BAD_INPUT    bad input: manifest, patch file, selection, option, target path, a
-                       pin the cached wheel or the provisioned tree disagrees with
-                       (nothing was changed)
-    3     UNREACHABLE  a host (the probed endpoint, the package index) was unreachable
-    4     FAILED       the target refused or failed the operation (dirty, not the pin,
-                       locked, patch does not apply, engine killed; a bisect stopped or
-                       not restored): nothing was changed, or the next command finishes it
-    5     INCONCLUSIVE a measurement could not decide at the data measured: a drift
-                       comparison neither above the noise nor bounded below the
-                       tolerance, a bisect that left suspects undecided (the output says
-                       what it would take)
-    70    INTERNAL     a bug: a one-line summary, the trace in $PATCHSET_HOME/debug.log
-    130   INTERRUPTED  Ctrl-C (a bisect restores the host first)
-
-    Several results (hosts, restarts, checks) give one code: `Exit.combine(codes)`.
-    """
+    """The exit codes of every command; plain ints in JSON. What each means is MEANINGS
+    below (docs/reference/exit-codes.md is generated from it). Several results (hosts,
+    restarts, checks) give one code: `Exit.combine(codes)`."""
 
     OK = 0
     FINDINGS = 1
@@ -52,6 +31,36 @@ class Exit(IntEnum):
         codes = set(codes)
         worst = cls.UNREACHABLE if cls.UNREACHABLE in codes else max(codes, default=cls.OK)
         return cls._value2member_map_.get(worst, worst)
+
+
+# The one exit-code table: the reference page and the tests read it from here.
+MEANINGS: dict[Exit, str] = {
+    Exit.OK: "done / clean (audit: every check passed, `info` notes and waived findings "
+             "aside)",
+    Exit.FINDINGS: "findings: `status` saw drift, hand edits, foreign commits or an "
+                   "interrupted transaction; `check` failed (a selection that does not apply "
+                   "on the pin); an audit check failed, warned or was `unknown` and no valid "
+                   "waiver accepts it, a waiver expired, or a host's facts could not be "
+                   "gathered; a probe failed or a drift is above the noise; a bisect found no "
+                   "change that flips the probe",
+    Exit.BAD_INPUT: "bad input: manifest, patch file, selection, option, inventory, target "
+                    "path, a pin the cached wheel or the provisioned tree disagrees with, a "
+                    "damaged run or report file (nothing was changed)",
+    Exit.UNREACHABLE: "unreachable: a host, the probed endpoint or the package index could "
+                      "not be reached (an audit still reports the others)",
+    Exit.FAILED: "refused or failed: the target refused or failed the operation (dirty, not "
+                 "the pin, locked, a patch does not apply, the engine was killed; a bisect "
+                 "stopped or did not restore): nothing was changed, or the next command "
+                 "finishes it. `plan HOST` and `apply --dry-run` build the result as `apply` "
+                 "does, so a patch that does not apply is the same refusal from all three",
+    Exit.INCONCLUSIVE: "inconclusive: a measurement could not decide at the data measured (a "
+                       "drift comparison neither above the noise nor bounded below the "
+                       "tolerance; a bisect that left suspects undecided); the output says "
+                       "what it would take",
+    Exit.INTERNAL: "internal error (a bug): a one-line summary, the trace in "
+                   "`$PATCHSET_HOME/debug.log`",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C); a `bisect` restores the host first",
+}
 
 
 class PatchsetError(Exception):

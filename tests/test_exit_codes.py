@@ -1,4 +1,4 @@
-"""One exit-code table: `patchset.errors.Exit`, the README's tables, and no literal codes."""
+"""One exit-code table: `patchset.errors.Exit` and its MEANINGS, and no literal codes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from patchset import transport as wire
 from patchset.api import HostResult
-from patchset.errors import Exit
+from patchset.errors import MEANINGS, Exit
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("patchset", "deploy", "auditor")
@@ -20,41 +20,17 @@ PRODUCT = ("patchset", "deploy", "auditor")
 # `bundle`): patchset.errors does not go with it, so its process exit status (always 0:
 # the result is the JSON line) stays a literal.
 HOST_SHIPPED = {name.replace(wire.AGENT_NAME, "patchset/agent", 1) for name in wire.agent_files()}
-# What each code's README meaning (the main table) must say.
+# What each code's meaning must say.
 WORDS = {Exit.OK: "done", Exit.FINDINGS: "findings", Exit.BAD_INPUT: "bad input",
          Exit.UNREACHABLE: "unreachable", Exit.FAILED: "refused", Exit.INTERNAL: "internal",
-         Exit.INTERRUPTED: "interrupted"}
+         Exit.INCONCLUSIVE: "inconclusive", Exit.INTERRUPTED: "interrupted"}
 
 
-def readme_tables() -> list[dict[int, str]]:
-    """Every `### Exit codes` table of README.md: code -> meaning."""
-    tables = []
-    for section in re.split(r"^### Exit codes\s*$", (ROOT / "README.md").read_text(),
-                            flags=re.M)[1:]:
-        rows: dict[int, str] = {}
-        for line in section.lstrip("\n").splitlines():
-            if not line.startswith("|"):
-                break
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if cells[0].isdigit():
-                rows[int(cells[0])] = cells[1]
-        tables.append(rows)
-    return tables
-
-
-def test_enum_matches_the_readme_tables() -> None:
-    tables = readme_tables()
-    assert len(tables) >= 2 and all(tables)
-    main = tables[0]
-    assert set(main) == {int(code) for code in Exit}
+def test_every_code_has_its_one_meaning() -> None:
+    """MEANINGS is the one table (docs/reference/exit-codes.md is generated from it)."""
+    assert set(MEANINGS) == set(Exit) == set(WORDS)
     for code, word in WORDS.items():
-        assert word in main[code].lower(), (code, main[code])
-    for table in tables[1:]:            # audit's: a subset, the same meanings
-        assert set(table) <= set(main)
-        for code in table:
-            assert WORDS[Exit(code)].split()[0] in table[code].lower() or code == Exit.OK
-    for member in Exit:                 # the docstring is the table too
-        assert re.search(rf"^\s*{member.value}\s+{member.name}\s", Exit.__doc__, re.M), member
+        assert word in MEANINGS[code].lower(), (code, MEANINGS[code])
 
 
 @pytest.mark.parametrize("codes, expected", [

@@ -1,5 +1,5 @@
 """Trace targets derived from the patches (patchset/agent/tracetargets.py): unit cases on
-small files, then the project's series on the real 0.5.14 tree, against the README."""
+small files, then the project's series on the real 0.5.14 tree, against docs/explanation/tracer.md."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_changed_lines_and_module_names() -> None:
 
 
 def readme_targets() -> dict[str, set[tuple[str, str]]]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "explanation" / "tracer.md").read_text()
     section = text.split("<!-- trace-targets -->")[1].split("<!-- /trace-targets -->")[0]
     out: dict[str, set[tuple[str, str]]] = {}
     for m in re.finditer(r"^\| ([a-z0-9-]+) \| (\w+) \| `([^`]+)` \| (\w+) \|", section,
@@ -101,7 +101,7 @@ def readme_targets() -> dict[str, set[tuple[str, str]]]:
 def test_every_shipped_patch_has_a_function_target_and_the_readme_lists_them(
         pinned_base, tmp_path: Path) -> None:
     """The project's series applied to the real pinned tree: each patch's targets, as the
-    host derives them at deploy (engine.trace_targets), equal the README's table, and each
+    host derives them at deploy (engine.trace_targets), equal the table in docs/explanation/tracer.md, and each
     has at least one traceable function target."""
     series = load_series(ROOT / "patches.yaml")
     tree = materialize(pinned_base, tmp_path / "tree", layout="git")

@@ -110,14 +110,27 @@ def checks_page() -> str:
 
 # ---------------------------------------------------------------- the report schema
 
+def _kind(spec: dict) -> str:
+    """A property's type in words: its type(s), enum, const, a $ref's name, or anyOf."""
+    if "const" in spec:
+        return f"`{json.dumps(spec['const'])}`"
+    if "enum" in spec:
+        return "one of " + ", ".join(f"`{json.dumps(v)}`" for v in spec["enum"])
+    if "$ref" in spec:
+        return f"`{spec['$ref'].rsplit('/', 1)[-1]}`"
+    for key in ("anyOf", "oneOf"):
+        if key in spec:
+            return " or ".join(_kind(s) for s in spec[key])
+    kind = spec.get("type", "any")
+    if kind == "array" and isinstance(spec.get("items"), dict):
+        return f"array of {_kind(spec['items'])}"
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
 def _fields(schema: dict, where: str) -> list[str]:
     rows = []
     for name, spec in (schema.get("properties") or {}).items():
-        kind = spec.get("type") or spec.get("enum") or spec.get("$ref", "").rsplit("/", 1)[-1]
-        if isinstance(kind, list):
-            kind = " or ".join(map(str, kind))
-        if "enum" in spec:
-            kind = "one of " + ", ".join(f"`{v}`" for v in spec["enum"])
+        kind = _kind(spec)
         need = "yes" if name in schema.get("required", ()) else ""
         rows.append(f"| `{where}{name}` | {cell(kind)} | {need} | "
                     f"{cell(spec.get('description', ''))} |\n")

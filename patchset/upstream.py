@@ -278,24 +278,55 @@ def pin_for_version(
             "moving the pin needs upstream.pypi in patches.yaml (the new release's wheel"
             " is what gives its sha256)"
         )
+    git = pin.git and GitPin(url=pin.git.url, ref=_moved_ref(pin.git.ref, pin.version, version))
+    return wheel_pin(dataclasses.replace(pin, version=version, git=git), cache, progress, offline)
+
+
+def wheel_pin(
+    pin: UpstreamPin,
+    cache: Path | None = None,
+    progress: Progress | None = None,
+    offline: bool = False,
+) -> UpstreamPin:
+    """`pin` with its wheel's file name and sha256 for `pin.version` (for the pin's
+    python_version and platform), learnt once through pip (trust on first use) and kept in
+    the cache; offline, from what the cache holds: the record of an earlier run, else a
+    cached wheel of that release (hashed here). For `rebase` and `init`."""
     cache = Path(cache) if cache is not None else cache_root()
     progress = progress or NullProgress()
-    want = dataclasses.replace(pin.pypi, requirement=f"{pin.name}=={version}", file="", sha256="")
+    want = dataclasses.replace(pin.pypi, requirement=f"{pin.name}=={pin.version}", file="",
+                               sha256="")
     record = cache / "tofu" / "-".join(
-        _safe(part) for part in (pin.name, version, want.python_version, want.platform)
+        _safe(part) for part in (pin.name, pin.version, want.python_version, want.platform)
     )
     record = record.with_name(record.name + ".json")
     try:
         with _locked(cache / "locks" / f"{record.stem}.lock", progress):
-            found = _recorded_wheel(record) or _learn_wheel(pin, version, want, record, cache,
-                                                            progress, offline)
+            found = (_recorded_wheel(record) or _cached_wheel(pin, want, record, cache, progress)
+                     or _learn_wheel(pin, pin.version, want, record, cache, progress, offline))
     except OSError as e:
         raise UpstreamError(
             f"cannot use the patchset cache {cache}: {e.strerror or e};"
             " free disk space, fix permissions or set PATCHSET_CACHE"
         ) from e
-    git = pin.git and GitPin(url=pin.git.url, ref=_moved_ref(pin.git.ref, pin.version, version))
-    return dataclasses.replace(pin, version=version, git=git, pypi=found)
+    return dataclasses.replace(pin, pypi=found)
+
+
+def _cached_wheel(pin: UpstreamPin, want: PypiPin, record: Path, cache: Path,
+                  progress: Progress) -> PypiPin | None:
+    """The release's wheel already in the cache (an earlier provision or download) for
+    the wanted Python and platform, hashed and recorded; None when there is none."""
+    dist = re.sub(r"[-_.]+", "_", pin.name).lower()
+    py = "cp" + want.python_version.replace(".", "")
+    found = [w for w in sorted((cache / "wheels").glob("*.whl"))
+             if w.name.lower().startswith(f"{dist}-{pin.version}-")
+             and (f"-{py}-" in w.name or "-py3-" in w.name) and want.platform in w.name
+             and w.is_file() and not w.is_symlink()]
+    if len(found) != 1:
+        return None
+    got = dataclasses.replace(want, file=found[0].name, sha256=_sha256(found[0], progress))
+    _record(record, got)
+    return got
 
 
 def _moved_ref(ref: str, old: str, new: str) -> str:
@@ -339,11 +370,16 @@ def _learn_wheel(
         final = cache / "wheels" / got.name
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(got, final)
+    _record(record, found)
+    return found
+
+
+def _record(record: Path, found: PypiPin) -> None:
+    """Keep what was learnt of a release's wheel, so the next run needs no network."""
     record.parent.mkdir(parents=True, exist_ok=True)
     staged = record.with_name(f".{record.name}.tmp")
     staged.write_text(json.dumps(dataclasses.asdict(found), indent=2, sort_keys=True) + "\n")
     os.replace(staged, record)
-    return found
 
 
 def _raise_for_pip(pin: UpstreamPin, version: str, want: PypiPin, stderr: bytes) -> None:

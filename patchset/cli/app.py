@@ -419,7 +419,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "queue": ("list", "show", "check", "plan", "apply", "revert", "status", "provision",
               "version"),
     "serving": ("deploy",),
-    "isolate": ("probe", "export", "import", "capture"),
+    "isolate": ("probe", "export", "import", "init", "capture"),
     "rebase": ("rebase",),
     "audit": ("audit", "trace"),
     "bisect": ("bisect",),

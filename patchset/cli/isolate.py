@@ -191,6 +191,40 @@ def import_cmd(rev_range: Optional[str] = typer.Argument(None, help="BASE..HEAD 
         say(f"imported {len(result.patches)} patch(es) into {result.manifest}")
 
 
+# ---------------------------------------------------------------- init
+
+@app.command("init")
+def init_cmd(directory: Path = typer.Argument(Path("."), help="where patches.yaml and "
+                                              "patches/ go (created if missing)"),
+             pin: Optional[str] = typer.Option(None, "--pin", help="a release, NAME==VERSION "
+                                               "(e.g. sglang==0.5.14)"),
+             git: Optional[str] = typer.Option(None, "--git", help="upstream's git URL, to "
+                                               "pin a commit (with --ref)"),
+             ref: Optional[str] = typer.Option(None, "--ref", help="the commit (or a branch or "
+                                               "tag: its commit is pinned)"),
+             python_version: str = typer.Option("3.11", "--python-version", help="the hosts' "
+                                                "Python, for the wheel"),
+             platform: str = typer.Option("manylinux_2_34_x86_64", "--platform",
+                                          help="the hosts' wheel platform tag"),
+             offline: bool = typer.Option(False, "--offline", help="never touch the network "
+                                          "(a release from the cache)"),
+             as_json: bool = JsonOpt) -> None:
+    """Write a valid manifest and an empty series for a pinned upstream: a release (its
+    wheel's file name and sha256 resolved from the package index, or the cache offline)
+    or a git commit (its layout read from the tree). Never overwrites a manifest."""
+    from dataclasses import asdict
+
+    from ..newseries import InitRequest, init_series
+    req = InitRequest(directory=directory, requirement=pin, git_url=git, ref=ref,
+                      python_version=python_version, platform=platform, offline=offline)
+    result = init_series(req, progress=RichProgress())
+    if as_json:
+        emit_json(asdict(result))
+    else:
+        say(f"wrote {result.manifest}: {result.pin.name} {result.pin.version} "
+            f"({result.how}), an empty series")
+
+
 # ---------------------------------------------------------------- capture
 
 @app.command()

@@ -1,0 +1,152 @@
+"""`patchset init`: a valid manifest and an empty series for a pinned upstream.
+
+Why: a first manifest written by hand needs the pin's wheel file name, sha256, Python
+version and platform, which nobody knows by heart; users arrive with a server running a
+release or an upstream commit. The pin is resolved the way `rebase` moves it (the wheel
+learnt through pip once, trust on first use, then verified on every provision; offline
+from the cache), or, for a git commit, provisioned once so the tree's layout (where the
+package sits: `python/sglang/` in SGLang's repository) is read, not guessed. The manifest
+is checked by the same loader every command uses before it is put in place, and an
+existing one is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import upstream
+from .errors import UsageError
+from .manifest import load_series
+from .model import GitPin, PypiPin, UpstreamPin
+from .pinrules import git_ref_problem, git_url_problem, requirement_problem
+from .progress import NullProgress, Progress
+
+SGLANG_GIT = "https://github.com/sgl-project/sglang.git"
+DEFAULT_PYTHON = "3.11"
+DEFAULT_PLATFORM = "manylinux_2_34_x86_64"
+
+
+@dataclass(frozen=True)
+class InitRequest:
+    """What to pin: a release (`requirement`, e.g. sglang==0.5.14) or a git commit."""
+
+    directory: Path
+    requirement: str | None = None
+    git_url: str | None = None
+    ref: str | None = None
+    python_version: str = DEFAULT_PYTHON
+    platform: str = DEFAULT_PLATFORM
+    offline: bool = False
+
+
+@dataclass(frozen=True)
+class InitResult:
+    manifest: str
+    pin: UpstreamPin
+    how: str                 # "release" or "git commit"
+
+
+def init_series(req: InitRequest, cache: Path | None = None,
+                progress: Progress | None = None) -> InitResult:
+    """Write DIR/patches.yaml and DIR/patches/ for the pin; nothing when one exists."""
+    progress = progress or NullProgress()
+    manifest = req.directory / "patches.yaml"
+    if os.path.lexists(manifest):
+        raise UsageError(f"{manifest}: already exists; init never overwrites a manifest")
+    pin, how = (_release(req, cache, progress) if req.requirement is not None
+                else _commit(req, cache, progress))
+    text = render(pin)
+    _write_new(req.directory, text)
+    return InitResult(str(manifest), pin, how)
+
+
+def _release(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[UpstreamPin, str]:
+    if req.git_url is not None or req.ref is not None:
+        raise UsageError("--pin takes a release; --git/--ref pin a commit: give one or the other")
+    problem = requirement_problem(req.requirement)
+    match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9A-Za-z][0-9A-Za-z.+_-]*)",
+                         req.requirement or "")
+    if problem or not match:
+        raise UsageError(f"--pin {req.requirement!r}: {problem or 'must be NAME==VERSION'}")
+    name, version = match.groups()
+    git = GitPin(SGLANG_GIT, f"v{version}") if name.lower() == "sglang" else None
+    pypi = PypiPin(req.requirement, "", "", req.python_version, req.platform)
+    pin = UpstreamPin(name=name, version=version, git=git, pypi=pypi)
+    return upstream.wheel_pin(pin, cache, progress, req.offline), "release"
+
+
+def _commit(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[UpstreamPin, str]:
+    if req.git_url is None or req.ref is None:
+        raise UsageError("give --pin NAME==VERSION, or --git URL with --ref COMMIT")
+    for what, problem in (("--git", git_url_problem(req.git_url)),
+                          ("--ref", git_ref_problem(req.ref))):
+        if problem:
+            raise UsageError(f"{what}: {problem}")
+    probe = UpstreamPin(name="sglang", version="0", git=GitPin(req.git_url, req.ref), pypi=None)
+    base = upstream.provision(probe, cache, progress, offline=req.offline)
+    prefix, name = _layout(base)
+    version = _version(base, prefix, name, base.commit)
+    pin = UpstreamPin(name=name, version=version, git=GitPin(req.git_url, base.commit),
+                      pypi=None, git_prefix=prefix)
+    return pin, "git commit"
+
+
+def _layout(base: upstream.BaseTree) -> tuple[str, str]:
+    """Where the package sits in the tree: `python/sglang/` (SGLang's repository) or
+    `sglang/` at the top; refused when neither holds an __init__.py."""
+    found = upstream.blob_ids(base, ["python/sglang/__init__.py", "sglang/__init__.py"])
+    for prefix in ("python/", ""):
+        if found[f"{prefix}sglang/__init__.py"]:
+            return prefix, "sglang"
+    raise UsageError(f"{base.commit[:12]}: no sglang/__init__.py at the top or under python/;"
+                     " is this SGLang's repository?")
+
+
+def _version(base: upstream.BaseTree, prefix: str, name: str, commit: str) -> str:
+    """The release the commit says it is, with the commit: `0.5.14+g1234567890ab`."""
+    read = upstream.blob_reader(base)
+    text = (read(f"{prefix}{name}/version.py") or b"").decode("utf-8", "replace")
+    found = re.search(r"__version__\s*=\s*[\"']([0-9A-Za-z.+_-]{1,40})[\"']", text)
+    return f"{found.group(1) if found else '0'}+g{commit[:12]}".replace("++", "+")
+
+
+def render(pin: UpstreamPin) -> str:
+    """The manifest's text: the pin, an empty series, comments saying what goes where."""
+    lines = ["# The series: the pinned upstream and the ordered patches on top of it.",
+             "# Format: docs/reference/manifest.md. Validate with `patchset check`; add",
+             "# patches with `patchset import`, `patchset capture` or `patchset adopt`.",
+             "version: 1", "upstream:", f"  name: {pin.name}", f'  version: "{pin.version}"']
+    if pin.git is not None:
+        lines += ["  git:", f"    url: {pin.git.url}", f'    ref: "{pin.git.ref}"']
+    if pin.pypi is not None:
+        p = pin.pypi
+        lines += ["  pypi:", f'    requirement: "{p.requirement}"', f"    file: {p.file}",
+                  f"    sha256: {p.sha256}", f'    python_version: "{p.python_version}"',
+                  f"    platform: {p.platform}"]
+    lines += ["  layout:", f'    git_prefix: "{pin.git_prefix}"', "series: []", ""]
+    return "\n".join(lines)
+
+
+def _write_new(directory: Path, text: str) -> None:
+    """patches.yaml and patches/ created, the manifest checked by the one loader first;
+    created exclusively, so a manifest that appeared meanwhile is not replaced."""
+    directory.mkdir(parents=True, exist_ok=True)
+    staged = directory / ".patches.yaml.init"
+    staged.unlink(missing_ok=True)
+    try:
+        with open(staged, "x", encoding="utf-8") as f:
+            f.write(text)
+        (directory / "patches").mkdir(exist_ok=True)
+        load_series(staged)
+        os.link(staged, directory / "patches.yaml")     # fails if one exists: never replaced
+    except FileExistsError as e:
+        raise UsageError(f"{directory / 'patches.yaml'}: already exists; init never "
+                         "overwrites a manifest") from e
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+__all__ = ["InitRequest", "InitResult", "init_series", "render"]

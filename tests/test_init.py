@@ -1,0 +1,107 @@
+"""`patchset init`: a valid manifest for a release (resolved from the real package index,
+or offline from the cache) or for an upstream git commit (layout read from the tree);
+never an overwrite, bad input exit 2 with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from patchset.cli import main
+from patchset.errors import Exit
+from patchset.manifest import load_series
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def init(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["init", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_release_resolves_to_the_projects_own_pin(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Against the real package index, with a fresh cache: the wheel's file name and
+    sha256 are the ones patches.yaml pins (checked there by every provision)."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    code, out, _ = init(capsys, str(tmp_path / "s"), "--pin", "sglang==0.5.14", "--json")
+    assert code == Exit.OK, out
+    made = load_series(tmp_path / "s" / "patches.yaml").upstream
+    ours = load_series(ROOT / "patches.yaml").upstream
+    assert made == ours
+    assert (tmp_path / "s" / "patches").is_dir() and json.loads(out)["how"] == "release"
+    assert load_series(tmp_path / "s" / "patches.yaml").patches == ()
+
+
+def test_offline_from_a_cached_wheel_and_not_without_one(tmp_path: Path, capsys, monkeypatch,
+                                                         pinned_wheel: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    shutil.copy(pinned_wheel, cache / "wheels" / pinned_wheel.name)
+    monkeypatch.setenv("PATCHSET_CACHE", str(cache))
+    code, _, err = init(capsys, str(tmp_path / "s"), "--pin", "sglang==0.5.14", "--offline")
+    assert code == Exit.OK, err
+    pin = load_series(tmp_path / "s" / "patches.yaml").upstream
+    assert pin.pypi == load_series(ROOT / "patches.yaml").upstream.pypi
+    code, _, err = init(capsys, str(tmp_path / "t"), "--pin", "sglang==0.5.13", "--offline")
+    assert code != Exit.OK and "offline" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t" / "patches.yaml").exists()
+
+
+def fork(tmp_path: Path, version: str = "0.5.14") -> tuple[Path, str]:
+    repo = tmp_path / "upstream"
+    pkg = repo / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text(f'__version__ = "{version}"\n')
+    env = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u",
+           "GIT_COMMITTER_EMAIL": "u@x", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    return repo, commit
+
+
+def test_a_git_commit_is_pinned_with_its_layout_and_version(tmp_path: Path, capsys,
+                                                            monkeypatch) -> None:
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, commit = fork(tmp_path)
+    code, out, err = init(capsys, str(tmp_path / "s"), "--git", f"file://{repo}", "--ref",
+                          "main", "--json")
+    assert code == Exit.OK, err
+    pin = load_series(tmp_path / "s" / "patches.yaml").upstream
+    assert pin.git.ref == commit and pin.git_prefix == "python/" and pin.pypi is None
+    assert pin.version == f"0.5.14+g{commit[:12]}" and json.loads(out)["how"] == "git commit"
+    monkeypatch.chdir(tmp_path / "s")
+    assert main(["check"]) == Exit.OK
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--pin", "sglang>=0.5"], "--pin"),
+    (["--pin", "--index-url=http://evil"], "--pin"),
+    (["--pin", "sglang==0.5.14", "--git", "https://github.com/x/y.git"], "one or the other"),
+    (["--git", "ext::sh -c touch% /tmp/pwned", "--ref", "main"], "--git"),
+    (["--git", "https://github.com/x/y.git", "--ref", "-x"], "--ref"),
+    ([], "--pin NAME==VERSION"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, capsys, argv,
+                                                          words) -> None:
+    code, _, err = init(capsys, str(tmp_path / "s"), *argv)
+    assert code == Exit.BAD_INPUT and words in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s" / "patches.yaml").exists()
+
+
+def test_an_existing_manifest_is_never_overwritten(tmp_path: Path, capsys) -> None:
+    (tmp_path / "patches.yaml").write_text("hand written\n")
+    code, _, err = init(capsys, str(tmp_path), "--pin", "sglang==0.5.14", "--offline")
+    assert code == Exit.BAD_INPUT and "already exists" in err
+    assert (tmp_path / "patches.yaml").read_text() == "hand written\n"
+    (tmp_path / "patches.yaml").unlink()
+    (tmp_path / "patches.yaml").symlink_to(tmp_path / "elsewhere")     # a dangling link too
+    code, _, err = init(capsys, str(tmp_path), "--pin", "sglang==0.5.14", "--offline")
+    assert code == Exit.BAD_INPUT and not (tmp_path / "elsewhere").exists()

@@ -85,15 +85,16 @@ class PatchGuards:
     patch: str
     guards: tuple[Guard, ...]
     notes: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()   # the function trace targets walked, `module:qualname`
 
     def to_json(self) -> dict:
         return {"patch": self.patch, "guards": [g.to_json() for g in self.guards],
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "targets": list(self.targets)}
 
     @classmethod
     def from_json(cls, data: dict) -> PatchGuards:
         return cls(data["patch"], tuple(Guard.from_json(g) for g in data["guards"]),
-                   tuple(data["notes"]))
+                   tuple(data["notes"]), tuple(data.get("targets", ())))
 
 
 @dataclass(frozen=True)
@@ -159,13 +160,14 @@ def derive_texts(tree: callpath.SourceTree, items: Iterable[tuple[str, str, Any]
         tree = tree.overlay({p: a.decode("utf-8", "replace") if a is not None else None
                              for p, _, a in files})
         images = [(p, _bytes(b), a) for p, b, a in files]
-        targets = [callpath.Target(t.file or _module_file(t.module, git_prefix), t.qualname,
-                                   _changed(images, t.file))
-                   for t in tracetargets.for_patch(name, images, git_prefix,
+        found = [t for t in tracetargets.for_patch(name, images, git_prefix,
                                                    [_trace(t) for t in declared or ()])
-                   if t.qualname != tracetargets.MODULE]
+                 if t.qualname != tracetargets.MODULE]
+        targets = [callpath.Target(t.file or _module_file(t.module, git_prefix), t.qualname,
+                                   _changed(images, t.file)) for t in found]
         conditions, notes = callpath.Walk(tree, defaults).run(targets)
-        out[name] = PatchGuards(name, _flatten(conditions), tuple(notes))
+        out[name] = PatchGuards(name, _flatten(conditions), tuple(notes),
+                                tuple(dict.fromkeys(f"{t.module}:{t.qualname}" for t in found)))
     return out
 
 

@@ -142,7 +142,7 @@ def rebase(series: Series, ref: str, dry_run: bool = False, progress: Progress |
     new_pin = pin_for_version(series.upstream, parse_ref(ref), cache, progress, offline)
     old_base = provision(series.upstream, cache, progress, offline)
     new_base = provision(new_pin, cache, progress, offline)
-    moved = _move_series(series, old_base, new_base, new_pin, progress)
+    moved = move_series(series, old_base, new_base, new_pin, progress)
     ok = not any(m.outcome.outcome in ("conflict", "blocked") for m in moved)
     with progress.task(f"derive the call-path guards on {_label(new_pin)}", None):
         changes = _guard_changes(series, old_base, new_base, new_pin, moved, cache)
@@ -231,7 +231,7 @@ class _Tree:
         self.git("commit", "-q", "--allow-empty", "-m", name)
 
 
-def _move_series(series: Series, old_base: BaseTree, new_base: BaseTree, new_pin: UpstreamPin,
+def move_series(series: Series, old_base: BaseTree, new_base: BaseTree, new_pin: UpstreamPin,
                  progress: Progress) -> list[_Moved]:
     """Replay every patch on the old pin (for its exact blobs) and onto the new release."""
     with tempfile.TemporaryDirectory(prefix="patchset-rebase-") as tmp:

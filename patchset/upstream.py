@@ -525,6 +525,48 @@ def _populate(
     return _from_wheel(pin, pin.pypi, wheel, work, progress) | {"fallback_reason": reason}
 
 
+# ---------------------------------------------------------------- upstream history
+
+
+def history(url: str, start: str, end: str, cache: Path | None = None,
+            progress: Progress | None = None, offline: bool = False
+            ) -> tuple[Path, list[str], dict[str, str]]:
+    """Upstream's first-parent commits after `start` up to `end` (oldest first) and their
+    subject lines, in a
+    cached clone of `url` kept for that (`rebase --check`): pins are shallow, a range
+    needs the history between two commits. Offline, from what an earlier run fetched."""
+    for what, problem in (("url", pinrules.git_url_problem(url)),
+                          ("start", pinrules.git_ref_problem(start)),
+                          ("end", pinrules.git_ref_problem(end))):
+        if problem:
+            raise UsageError(f"rebase --check: {what}: {problem}")
+    cache = (Path(cache) if cache is not None else cache_root()).absolute()
+    progress = progress or NullProgress()
+    repo = cache / "history" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    with _locked(cache / "locks" / f"history-{repo.name}.lock", progress):
+        if not (repo / ".git").is_dir():
+            repo.mkdir(parents=True, exist_ok=True)
+            _git(["init", "-q", "."], repo)
+        for i, ref in enumerate((start, end)):
+            if offline:
+                continue
+            with progress.task(f"git: fetching {ref} from {url} (history)", None):
+                _git(["fetch", "-q", "--no-tags", "--", url, f"+{ref}:refs/patchset/range/{i}"],
+                     repo, network=True, timeout=GIT_FETCH_TIMEOUT_S)
+        try:
+            ends = [_git(["rev-parse", "--verify", f"refs/patchset/range/{i}^{{commit}}"], repo)
+                    for i in (0, 1)]
+        except UpstreamError as e:
+            raise UpstreamError(f"{start}..{end}: not fetched from {url} on this machine"
+                                + (" (offline)" if offline else "")) from e
+        commits = _git(["rev-list", "--first-parent", "--reverse", f"{ends[0]}..{ends[1]}"],
+                       repo).split()
+        log = _git(["log", "--no-walk=unsorted", "--format=%H %s", *commits], repo) \
+            if commits else ""
+    subjects = dict(line.partition(" ")[::2] for line in log.splitlines())
+    return repo, commits, subjects
+
+
 # ---------------------------------------------------------------- git
 
 

@@ -9,12 +9,16 @@ from typing import Optional
 
 import typer
 
+from ..errors import UsageError
 from .app import JsonOpt, RichProgress, SeriesOpt, app, emit_json, load, say, term
 
 
 @app.command("rebase")
-def rebase_cmd(onto: str = typer.Option(..., "--onto", help="the release to move to: 0.5.15 "
-                                        "or the tag v0.5.15"),
+def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the release to move "
+                                                  "to: 0.5.15 or the tag v0.5.15"),
+               check: Optional[str] = typer.Option(None, "--check", help="START..END: what "
+                                                   "each upstream commit of the range would "
+                                                   "do to the series; writes nothing"),
                dry_run: bool = typer.Option(False, "--dry-run", help="report only; write "
                                             "nothing"),
                offline: bool = typer.Option(False, "--offline", help="never touch the "
@@ -22,10 +26,25 @@ def rebase_cmd(onto: str = typer.Option(..., "--onto", help="the release to move
                                             "once; skips the git probe)"),
                as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Move the series to another upstream release: per patch clean, 3way (re-diffed),
-    upstream (dropped, recorded) or conflict (hunks shown, nothing written). Exit 0 moved
-    (or would move), 1 a conflict, 2 bad input, 3 the package index is unreachable."""
+    upstream (dropped, recorded) or conflict (hunks shown, nothing written); or, with
+    --check START..END, walk upstream's first-parent commits and name the commit that makes
+    each patch conflict, be taken upstream, or lose a call-path guard or trace target.
+    Exit 0 moved (or would move; --check: nothing breaks), 1 a conflict (--check: a
+    break), 2 bad input, 3 the package index or upstream is unreachable."""
     from dataclasses import asdict
 
+    if (onto is None) == (check is None):
+        raise UsageError("give --onto RELEASE or --check START..END (one of them)")
+    if check is not None:
+        from ..rebasecheck import check_range
+        report = check_range(load(series), check, progress=RichProgress(), offline=offline)
+        if as_json:
+            emit_json({**asdict(report), "exit_code": report.exit_code})
+        else:
+            _render_check(report)
+        if report.exit_code:
+            raise typer.Exit(report.exit_code)
+        return
     from ..rebase import rebase
     result = rebase(load(series), onto, dry_run=dry_run, progress=RichProgress(),
                     offline=offline)
@@ -35,6 +54,15 @@ def rebase_cmd(onto: str = typer.Option(..., "--onto", help="the release to move
         _render(result)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _render_check(report) -> None:
+    console = term()
+    for b in report.breaks:
+        console.print(f"{b.commit[:12]} {report.subjects.get(b.commit, '')!s:.60}: {b.patch}: "
+                      f"{b.what}: {b.detail}", markup=False)
+    say(f"{len(report.commits)} upstream commit(s) in {report.range}: "
+        + (f"{len(report.breaks)} break(s)" if report.breaks else "nothing breaks the series"))
 
 
 def _render(result) -> None:

@@ -84,33 +84,9 @@ def _commit(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[U
     for what, problem in (("--git", git_url_problem(req.git_url)),
                           ("--ref", git_ref_problem(req.ref))):
         if problem:
-            raise UsageError(f"{what}: {problem}")
-    probe = UpstreamPin(name="sglang", version="0", git=GitPin(req.git_url, req.ref), pypi=None)
-    base = upstream.provision(probe, cache, progress, offline=req.offline)
-    prefix, name = _layout(base)
-    version = _version(base, prefix, name, base.commit)
-    pin = UpstreamPin(name=name, version=version, git=GitPin(req.git_url, base.commit),
-                      pypi=None, git_prefix=prefix)
-    return pin, "git commit"
-
-
-def _layout(base: upstream.BaseTree) -> tuple[str, str]:
-    """Where the package sits in the tree: `python/sglang/` (SGLang's repository) or
-    `sglang/` at the top; refused when neither holds an __init__.py."""
-    found = upstream.blob_ids(base, ["python/sglang/__init__.py", "sglang/__init__.py"])
-    for prefix in ("python/", ""):
-        if found[f"{prefix}sglang/__init__.py"]:
-            return prefix, "sglang"
-    raise UsageError(f"{base.commit[:12]}: no sglang/__init__.py at the top or under python/;"
-                     " is this SGLang's repository?")
-
-
-def _version(base: upstream.BaseTree, prefix: str, name: str, commit: str) -> str:
-    """The release the commit says it is, with the commit: `0.5.14+g1234567890ab`."""
-    read = upstream.blob_reader(base)
-    text = (read(f"{prefix}{name}/version.py") or b"").decode("utf-8", "replace")
-    found = re.search(r"__version__\s*=\s*[\"']([0-9A-Za-z.+_-]{1,40})[\"']", text)
-    return f"{found.group(1) if found else '0'}+g{commit[:12]}".replace("++", "+")
+            raise UsageError(f"{what}: {problem}")    # named as the user typed it
+    return upstream.pin_for_commit(req.git_url, req.ref, None, cache, progress,
+                                   req.offline), "git commit"
 
 
 def render(pin: UpstreamPin) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from . import api, guards, interop
+from . import api, guards, interop, pinrules
 from .errors import Exit, PatchsetError, UsageError
 from .manifest import load_series
 from .model import Patch, Series, UpstreamPin
@@ -45,6 +45,7 @@ from .upstream import (
     blob_ids,
     blob_reader,
     cache_root,
+    pin_for_commit,
     pin_for_version,
     provision,
 )
@@ -125,12 +126,30 @@ class _Plan:
 
 # ---------------------------------------------------------------- entry point
 
-def parse_ref(ref: str) -> str:
-    """REF as a release version: `0.5.15` or the tag `v0.5.15`."""
+def parse_ref(ref: str) -> str | None:
+    """REF as a release version (`0.5.15` or the tag `v0.5.15`); None for any other ref,
+    which names an upstream commit (a commit id, a branch or another tag)."""
     match = RELEASE.fullmatch(ref)
-    if not match:
-        raise UsageError(f"--onto {ref!r}: expected a release like 0.5.15 or a tag like v0.5.15")
-    return match.group(1)
+    if match:
+        return match.group(1)
+    problem = pinrules.git_ref_problem(ref)
+    if problem:
+        raise UsageError(f"--onto {ref!r}: expected a release like 0.5.15, or an upstream "
+                         f"commit, branch or tag ({problem})")
+    return None
+
+
+def new_pin_for(pin: UpstreamPin, ref: str, cache: Path, progress: Progress,
+                offline: bool) -> UpstreamPin:
+    """Where `--onto REF` moves the pin: a release (its wheel learnt, the git ref moved
+    alike) or an upstream commit of the pin's git url (no wheel: a commit has none)."""
+    version = parse_ref(ref)
+    if version is not None:
+        return pin_for_version(pin, version, cache, progress, offline)
+    if pin.git is None:
+        raise UsageError(f"--onto {ref!r}: moving to a commit needs upstream.git in the "
+                         "manifest (the repository to take it from)")
+    return pin_for_commit(pin.git.url, ref, pin.git_prefix, cache, progress, offline)
 
 
 def rebase(series: Series, ref: str, dry_run: bool = False, progress: Progress | None = None,
@@ -139,7 +158,7 @@ def rebase(series: Series, ref: str, dry_run: bool = False, progress: Progress |
     or `dry_run`, write the validated result (all files, or none)."""
     progress = progress or NullProgress()
     cache = Path(cache) if cache is not None else cache_root()
-    new_pin = pin_for_version(series.upstream, parse_ref(ref), cache, progress, offline)
+    new_pin = new_pin_for(series.upstream, ref, cache, progress, offline)
     old_base = provision(series.upstream, cache, progress, offline)
     new_base = provision(new_pin, cache, progress, offline)
     moved = move_series(series, old_base, new_base, new_pin, progress)
@@ -453,6 +472,7 @@ def _key(node: yaml.MappingNode, key: str) -> yaml.Node | None:
 def _pin_edits(root: yaml.Node, pin: UpstreamPin) -> list[Edit]:
     upstream = _child(root, "upstream")
     wanted = [(("version",), pin.version)]
+    drop = _drop_key(upstream, "pypi") if pin.pypi is None else []
     if pin.git:
         wanted.append((("git", "ref"), pin.git.ref))
     if pin.pypi:
@@ -465,7 +485,20 @@ def _pin_edits(root: yaml.Node, pin: UpstreamPin) -> list[Edit]:
             node = _child(node, key)
         if isinstance(node, yaml.ScalarNode) and node.value != value:
             edits.append((node.start_mark.index, node.end_mark.index, _scalar(value, node.style)))
-    return edits
+    return edits + drop
+
+
+def _drop_key(mapping: yaml.Node | None, key: str) -> list[Edit]:
+    """Remove `key:` and its block from a block mapping, whole lines (a pin moved to a
+    commit has no wheel: its `pypi:` goes)."""
+    if not isinstance(mapping, yaml.MappingNode):
+        return []
+    for k, v in mapping.value:
+        if k.value == key:
+            start = k.start_mark.index - k.start_mark.column
+            end = v.end_mark.index - v.end_mark.column if v.end_mark.column else v.end_mark.index
+            return [(start, end, "")]
+    return []
 
 
 def _scalar(value: str, style: str | None) -> str:

@@ -525,6 +525,52 @@ def _populate(
     return _from_wheel(pin, pin.pypi, wheel, work, progress) | {"fallback_reason": reason}
 
 
+# ---------------------------------------------------------------- a commit as the pin
+
+
+def pin_for_commit(url: str, ref: str, git_prefix: str | None = None,
+                   cache: Path | None = None, progress: Progress | None = None,
+                   offline: bool = False) -> UpstreamPin:
+    """A pin at upstream commit `ref` of `url` (a branch or tag is resolved to its commit,
+    which is what gets pinned): its layout read from the tree unless given, its version
+    the release its version.py names plus the commit (`0.5.14+g1234567890ab`). The tree
+    is provisioned once under that pin, so what follows finds it in the cache."""
+    for what, problem in (("git url", pinrules.git_url_problem(url)),
+                          ("ref", pinrules.git_ref_problem(ref))):
+        if problem:
+            raise UsageError(f"{what} {ref if what == 'ref' else url!r}: {problem}")
+    probe = UpstreamPin(name="sglang", version="0", git=GitPin(url, ref), pypi=None)
+    base = provision(probe, cache, progress, offline)
+    prefix = git_prefix if git_prefix is not None else _layout(base)
+    version = f"{_release_of(base, prefix)}+g{base.commit[:12]}"
+    return UpstreamPin(name="sglang", version=version, git=GitPin(url, base.commit), pypi=None,
+                       git_prefix=prefix)
+
+
+def _release_of(base: BaseTree, prefix: str) -> str:
+    """The release a tree says it is: `version = '0.5.14'` at the top level of the
+    `_version.py` a wheel build writes, else of `version.py`; "0" when neither says
+    (a git checkout computes its version at build time)."""
+    read = blob_reader(base)
+    for name in ("_version.py", "version.py"):
+        text = (read(f"{prefix}sglang/{name}") or b"").decode("utf-8", "replace")
+        found = re.search(r"^(?:__version__|version)\s*=\s*(?:(?:__version__|version)\s*=\s*)?"
+                          r"[\"']([0-9][0-9A-Za-z._-]{0,39})[\"']", text, re.M)
+        if found:
+            return found.group(1)
+    return "0"
+
+
+def _layout(base: BaseTree) -> str:
+    """Where the package sits in the tree: `python/` (SGLang's repository) or the top."""
+    found = blob_ids(base, ["python/sglang/__init__.py", "sglang/__init__.py"])
+    for prefix in ("python/", ""):
+        if found[f"{prefix}sglang/__init__.py"]:
+            return prefix
+    raise UsageError(f"{base.commit[:12]}: no sglang/__init__.py at the top or under python/;"
+                     " is this SGLang's repository?")
+
+
 # ---------------------------------------------------------------- upstream history
 
 

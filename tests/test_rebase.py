@@ -271,8 +271,10 @@ def test_conflict_writes_nothing_and_shows_the_hunks(pinned_base, new_base, tmp_
 # ---------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize(("ref", "message"), [
-    ("banana", ("patchset: error: --onto 'banana': expected a release like 0.5.15 or a tag "
-                "like v0.5.15\n")),
+    ("ba nana", ("patchset: error: --onto 'ba nana': expected a release like 0.5.15, or an "
+                 "upstream commit, branch or tag ('ba nana' is not a git ref: use letters, "
+                 "digits and . _ / + - @ (a tag, branch, refs/... name or a 40-hex commit "
+                 "id))\n")),
     ("0.5.99", ("patchset: error: sglang 0.5.99: no such release with a wheel for python 3.11 "
                 "on manylinux_2_34_x86_64 on the package index\n")),
 ])

@@ -92,3 +92,26 @@ def test_bad_check_input_is_one_line_exit_2(argv, words, tmp_path, capsys) -> No
     manifest = real_copy(tmp_path / "series")
     code, _, err = cli(capsys, "rebase", *argv, "--series", str(manifest))
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_onto_an_upstream_commit_moves_the_pin_there(pinned_base, new_base, tmp_path,  # noqa: F811
+                                                     capsys) -> None:
+    """`--onto BRANCH` pins the branch's commit (a commit has no wheel: `pypi:` goes), the
+    layout and the rest of the manifest kept as written, and the result checks."""
+    repo, (docs, _moe, _mhc) = upstream_history(tmp_path, pinned_base, new_base)
+    git(repo, "branch", "docs-only", docs)
+    manifest = real_copy(tmp_path / "series")
+    manifest.write_text(manifest.read_text().replace(
+        "https://github.com/sgl-project/sglang.git", f"file://{repo}"))
+    code, out, err = cli(capsys, "rebase", "--onto", "docs-only", "--json", "--series",
+                         str(manifest))
+    assert code == 0, err
+    result = json.loads(out)
+    assert {p["outcome"] for p in result["patches"]} == {"clean"}
+    pin = load_series(manifest).upstream
+    assert pin.git.ref == docs and pin.pypi is None and pin.git_prefix == "python/"
+    assert pin.version == f"0.5.14+g{docs[:12]}"
+    text = manifest.read_text()
+    assert "pypi:" not in text and "# The series" in text and "layout:" in text
+    code, _, err = cli(capsys, "check", "--series", str(manifest))
+    assert code == 0, err

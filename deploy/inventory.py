@@ -1,4 +1,5 @@
-"""hosts.yaml: the fleet, and how a HOST argument resolves to one host.
+"""hosts.yaml (or an Ansible inventory, deploy/ansible.py): the fleet, and how a HOST
+argument resolves to one host.
 
 Every value here can end up on a remote command line or in a unit file, so each is
 checked against a strict pattern at load time (spaces, quotes, `;`, `$()`, newlines are
@@ -16,6 +17,8 @@ from typing import Any
 from patchset import inputfile, validate, yamlsrc
 from patchset.errors import ManifestError, UsageError
 from patchset.yamlsrc import Located
+
+from . import ansible
 
 NAME = validate.HOST_NAME
 ADDRESS = validate.ADDRESS
@@ -93,7 +96,10 @@ def load(path: str | Path | None = None) -> Inventory:
             raise ManifestError(str(file), None, "(file)", "not found")
         return Inventory(None, {}, None)
     text = inputfile.read_text(file, inputfile.INVENTORY_LIMIT, "inventory")
-    doc = yamlsrc.load(text, str(file))
+    if ansible.is_ansible(text, str(file)):
+        doc = ansible.load(text, str(file))        # then the very same checks
+    else:
+        doc = yamlsrc.load(text, str(file))
     data = _mapping(doc, (), doc.data, {"version": False, "default": False, "hosts": True})
     doc.version(1, 1, "unsupported inventory version (this patchset reads 1)")
     hosts_raw = _mapping(doc, ("hosts",), data["hosts"], None)

@@ -93,6 +93,9 @@ def _busy(request: socket.socket) -> None:
 class Handler(BaseHTTPRequestHandler):
     server_version = "patchset-serve"
     timeout = None                   # the connection's deadline bounds every operation
+    # an error before the request line is parsed still gets a status line (http.server
+    # would answer as to HTTP/0.9: a bare body no HTTP/1.x client can read)
+    default_request_version = "HTTP/1.0"
     server: Server
 
     def setup(self) -> None:

@@ -12,10 +12,7 @@ The dripping servers are real sockets on this machine's loopback.
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from test_cli_usage import cli
 
 from deploy.tunnel import DirectEndpoint, SshEndpoint
 from patchset.agent import deployer, httpdeadline
@@ -31,7 +29,6 @@ from patchset.agent.redact import Redactor
 from patchset.agent.runner import Runner
 from patchset.errors import Exit, HostUnreachable, UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 2.0
 SLACK = 1.5              # the deadline plus this: a loaded CI machine, never the drip's 30 s
 DRIP_FOR = 30.0          # how long a dripping server keeps going (far beyond TIMEOUT)
@@ -253,15 +250,6 @@ def test_the_deadline_is_a_monotonic_one() -> None:
 
 
 # ---------------------------------------------------------------- the CLI
-
-def cli(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    env = {**os.environ, "HOME": str(home), "PATCHSET_HOME": str(home / "ps"),
-           "XDG_CACHE_HOME": str(home / "cache"), "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "patchset.cli", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-
 
 BAD_TIMEOUTS = [("probe", "--url", "http://127.0.0.1:9", "--timeout"),
                 ("probe", "--url", "http://127.0.0.1:9", "--kind", "drift", "--timeout"),

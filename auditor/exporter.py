@@ -34,12 +34,11 @@ import threading
 import time
 import traceback
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Callable
 
 from patchset.errors import PatchsetError, UsageError
 
-from . import metrics
+from . import httpd, metrics
 from .api import Gathered
 from .model import HostFacts
 
@@ -135,7 +134,7 @@ class Exporter:
         self._rebuild_lock = threading.Lock()   # one rebuild at a time (never a scrape)
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
-        self._server: ThreadingHTTPServer | None = None
+        self._server: httpd.Server | None = None
         self._report: dict | None = None
         self._report_json = b""
         self._families: list = []
@@ -286,7 +285,12 @@ class Exporter:
         from prometheus_client.exposition import choose_encoder
         registry = CollectorRegistry(auto_describe=False)
         registry.register(metrics.collector(self.families()))
-        encoder, content_type = choose_encoder(accept or "")
+        try:
+            encoder, content_type = choose_encoder(accept or "")
+        except (TypeError, ValueError, LookupError):   # `version=abc` is a TypeError there
+            # RFC 9110 12.5.1: an Accept the server cannot honour may be disregarded; a
+            # scraper is better served the default format than a 406 or nothing
+            encoder, content_type = choose_encoder("")
         return encoder(registry), content_type
 
     def report_json(self) -> bytes:
@@ -305,69 +309,39 @@ class Exporter:
 
     # ------------------------------------------------------------ HTTP
 
-    def serve(self, address: str, port: int) -> tuple[str, int]:
-        """Listen on (address, port) in a thread of its own; returns where it listens
-        (port 0: a free one). A bind that fails is a UsageError naming the address."""
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "patchset-serve"
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    body, ctype = exporter.metrics_text(self.headers.get("Accept"))
-                    self._send(200, body, ctype)
-                elif path == "/report.json":
-                    body = exporter.report_json()
-                    if body:
-                        self._send(200, body, "application/json")
-                    else:
-                        doc = {"error": "waiting for the first audit of every host",
-                               "pending": exporter.pending()}
-                        self._send(503, (json.dumps(doc) + "\n").encode(),
-                                   "application/json")
-                elif path == "/healthz":
-                    code, doc = exporter.health()
-                    self._send(code, (json.dumps(doc, sort_keys=True) + "\n").encode(),
-                               "application/json")
-                elif path == "/":
-                    self._send(200, b"patchset serve: /metrics /report.json /healthz\n",
-                               "text/plain; charset=utf-8")
-                else:
-                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
-
-            def do_HEAD(self) -> None:  # noqa: N802
-                self.do_GET()
-
-            def _send(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:   # no access log on stderr
-                return
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            address_family = _family(address)
-
+    def serve(self, address: str, port: int, client_timeout: float = httpd.CLIENT_TIMEOUT,
+              max_connections: int = httpd.MAX_CONNECTIONS) -> tuple[str, int]:
+        """Listen on (address, port) in a thread of its own (auditor/httpd.py: a deadline
+        per connection, a connection cap, 4xx for what it cannot serve); returns where it
+        listens (port 0: a free one). A bind that fails is a UsageError naming the
+        address."""
+        routes: dict[str, httpd.Route] = {
+            "/metrics": self._metrics_route, "/report.json": self._report_route,
+            "/healthz": self._health_route,
+            "/": lambda _: (200, b"patchset serve: /metrics /report.json /healthz\n",
+                            httpd.TEXT)}
         try:
-            self._server = Server((address, port), Handler)
+            self._server = httpd.start(address, port, routes, client_timeout=client_timeout,
+                                       max_connections=max_connections, log=self.log)
         except OSError as exc:
             raise UsageError(f"--listen {address}:{port}: cannot listen there: "
                              f"{exc.strerror or exc}") from None
-        threading.Thread(target=self._server.serve_forever, daemon=True,
-                         name="patchset-serve http").start()
         return self._server.server_address[0], self._server.server_address[1]
 
+    def _metrics_route(self, accept: str | None) -> tuple[int, bytes, str]:
+        body, ctype = self.metrics_text(accept)
+        return 200, body, ctype
 
-def _family(address: str) -> int:
-    import socket
-    return socket.AF_INET6 if ":" in address else socket.AF_INET
+    def _report_route(self, _accept: str | None) -> tuple[int, bytes, str]:
+        body = self.report_json()
+        if body:
+            return 200, body, "application/json"
+        doc = {"error": "waiting for the first audit of every host", "pending": self.pending()}
+        return 503, (json.dumps(doc) + "\n").encode(), "application/json"
+
+    def _health_route(self, _accept: str | None) -> tuple[int, bytes, str]:
+        code, doc = self.health()
+        return code, (json.dumps(doc, sort_keys=True) + "\n").encode(), "application/json"
 
 
 def _track_deployed(st: HostState, host: dict) -> None:

@@ -16,8 +16,10 @@ address is dialled as written, from the host.
 
 Nothing here reaches a shell: the channel carries bytes. Method, path and headers are
 checked before anything is sent (the path starts with "/" and is printable ASCII without
-spaces, so no CR/LF can split the request), a response body is capped (MAX_BODY),
-and every failure is one line that names the host and host:port (HostUnreachable: exit
+spaces, so no CR/LF can split the request), a response body is capped (MAX_BODY), a
+request has one deadline, `timeout` seconds for connect, send, headers and body together
+(patchset/agent/httpdeadline.py: a server that drips a byte at a time cannot hold a
+probe), and every failure is one line that names the host and host:port (HostUnreachable: exit
 3; a reply that is not bounded HTTP: EndpointError, exit 4). An HTTP error status is a
 response, not an exception: the caller judges it.
 """
@@ -25,14 +27,16 @@ response, not an exception: the caller judges it.
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from patchset import validate
+from patchset.agent.httpdeadline import (Deadline, DeadlineHTTPConnection,
+                                         DeadlineHTTPSConnection, DeadlineSocket)
 from patchset.errors import HostUnreachable, PatchsetError, UsageError
 
 from .inventory import Host
@@ -132,7 +136,7 @@ class _Endpoint:
     prefix = ""
     max_body = MAX_BODY
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _connection(self, deadline: Deadline) -> http.client.HTTPConnection:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -144,19 +148,23 @@ class _Endpoint:
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None,
                 timeout: float = DEFAULT_TIMEOUT) -> HttpResponse:
-        """One request on a fresh connection (channel), read whole and closed."""
+        """One request on a fresh connection (channel), read whole and closed, all of it
+        within `timeout` seconds (one deadline: connect, send, headers and body)."""
         headers = _checked(self.describe(), method, path, headers)
-        conn = self._connection(timeout)
+        deadline = _deadline(self.describe(), timeout)
         reply = None
+        conn = None
         try:
+            conn = self._connection(deadline)
             conn.request(method, self.prefix + path, body=body, headers=headers)
             reply = conn.getresponse()
             data = _bounded(reply, self.max_body, self.describe())
             return HttpResponse(reply.status, _header_map(reply), data)
         except PatchsetError:
             raise
-        except TimeoutError:
-            raise HostUnreachable(f"{self.describe()}: no answer within {timeout:g}s") from None
+        except socket.timeout:
+            raise HostUnreachable(f"{self.describe()}: no answer to {method} "
+                                  f"{self.prefix + path} within {timeout:g}s") from None
         except OSError as exc:      # refused, reset, closed channel (RemoteDisconnected too)
             reason = exc.strerror or str(exc) or type(exc).__name__
             raise HostUnreachable(f"{self.describe()}: unreachable ({reason})") from None
@@ -166,7 +174,8 @@ class _Endpoint:
         finally:
             if reply is not None:
                 reply.close()
-            conn.close()
+            if conn is not None:
+                conn.close()
 
     def __enter__(self) -> "_Endpoint":
         return self
@@ -201,9 +210,9 @@ class DirectEndpoint(_Endpoint):
         scheme = "https" if self.https else "http"
         return f"{scheme}://{_hostport(self.host, self.port)}{self.prefix}"
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        return kind(self.host, self.port, timeout=timeout)
+    def _connection(self, deadline: Deadline) -> http.client.HTTPConnection:
+        kind = DeadlineHTTPSConnection if self.https else DeadlineHTTPConnection
+        return kind(self.host, self.port, deadline)
 
 
 class SshEndpoint(_Endpoint):
@@ -219,74 +228,25 @@ class SshEndpoint(_Endpoint):
     def describe(self) -> str:
         return f"{self.transport.host} {_hostport(self.host, self.port)} via ssh"
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        return _ChannelConnection(self.transport, self.host, self.port, timeout)
+    def _connection(self, deadline: Deadline) -> http.client.HTTPConnection:
+        return _ChannelConnection(self.transport, self.host, self.port, deadline)
 
     def close(self) -> None:
         if self.owns:
             self.transport.close()
 
 
-class _ChannelConnection(http.client.HTTPConnection):
-    """http.client's HTTP/1.1, with an SSH channel for its socket."""
+class _ChannelConnection(DeadlineHTTPConnection):
+    """http.client's HTTP/1.1, with an SSH channel for its socket (same deadline)."""
 
-    def __init__(self, transport: Any, host: str, port: int, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
+    def __init__(self, transport: Any, host: str, port: int, deadline: Deadline) -> None:
+        super().__init__(host, port, deadline)
         self._transport = transport
 
     def connect(self) -> None:
-        channel = self._transport.open_channel(self.host, self.port)
-        channel.settimeout(self.timeout)
-        self.sock = _ChannelSocket(channel)
-
-
-class _ChannelSocket:
-    """The socket methods http.client uses, on a paramiko channel. Like a socket, the
-    channel stays open until the socket and every file made from it are closed:
-    http.client closes the socket as soon as it has a response that ends with the
-    connection (HTTP/1.0), and reads the body from the file afterwards."""
-
-    def __init__(self, channel: Any) -> None:
-        self.channel = channel
-        self._files = 0
-        self._closed = False
-
-    def sendall(self, data: bytes) -> None:
-        self.channel.sendall(data)
-
-    def makefile(self, mode: str = "rb", *args: Any) -> io.BufferedReader:
-        self._files += 1
-        return io.BufferedReader(_ChannelReader(self))
-
-    def close(self) -> None:
-        self._closed = True
-        self._release()
-
-    def file_closed(self) -> None:
-        self._files -= 1
-        self._release()
-
-    def _release(self) -> None:
-        if self._closed and self._files <= 0:
-            self.channel.close()
-
-
-class _ChannelReader(io.RawIOBase):
-    def __init__(self, owner: _ChannelSocket) -> None:
-        self.owner = owner
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.owner.channel.recv(len(buffer))   # b"" at EOF; TimeoutError on timeout
-        buffer[:len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.owner.file_closed()
-        super().close()
+        channel = self._transport.open_channel(self.host, self.port,
+                                               timeout=self.deadline.remaining())
+        self.sock = DeadlineSocket(channel, self.deadline)
 
 
 def _checked(where: str, method: str, path: str,
@@ -303,6 +263,15 @@ def _checked(where: str, method: str, path: str,
             raise UsageError(f"{where}: header {name!r}: a bad name, or a value that is not "
                              "printable ASCII (no CR/LF)")
     return out
+
+
+def _deadline(where: str, timeout: float) -> Deadline:
+    """The request's one deadline; a timeout that is not a finite number of seconds > 0
+    is bad input (0 would fail every request, inf or nan would wait for ever)."""
+    try:
+        return Deadline(timeout)
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}") from None
 
 
 def _bounded(reply: http.client.HTTPResponse, limit: int, where: str) -> bytes:

@@ -172,7 +172,8 @@ def test_a_server_that_does_not_answer_is_one_line_after_the_timeout(env: dict) 
         with endpoint_for(env["entry"], at=(BIND, mute)) as endpoint, \
                 pytest.raises(HostUnreachable) as err:
             endpoint.request("GET", "/", timeout=1)
-        assert str(err.value) == f"{env['host'].name} {BIND}:{mute} via ssh: no answer within 1s"
+        assert str(err.value) == (f"{env['host'].name} {BIND}:{mute} via ssh: no answer to "
+                                  "GET / within 1s")
     finally:
         on_host(env["host"], "systemctl stop tunnel-mute")
 

@@ -136,18 +136,16 @@ def systemctl(*args: str) -> None:
 
 
 def probe(url: str, timeout: float) -> tuple[bool, str]:
-    """GET url without any proxy: (healthy, what was seen)."""
-    import urllib.error
-    import urllib.request
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    """GET url without any proxy, within `timeout` for the whole exchange: (healthy,
+    what was seen)."""
+    import http.client
+
+    from . import httpdeadline
     try:
-        with opener.open(url, timeout=timeout) as response:
-            return response.status == 200, f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return False, str(getattr(reason, "strerror", None) or reason)
+        status, _ = httpdeadline.get(url, {}, timeout, 4096)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return False, httpdeadline.reason(exc)
+    return status == 200, f"HTTP {status}"
 
 
 @contextlib.contextmanager

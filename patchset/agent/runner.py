@@ -125,20 +125,20 @@ class Runner:
         return self.red.text(text)
 
     def http(self, cmd: Command, token: str | None = None) -> dict:
-        import urllib.error                  # here: an apply or a status never loads http
-        import urllib.request
+        """GET cmd.target, the whole exchange within http_timeout (one deadline: a server
+        that drips its answer cannot hold the gather)."""
+        import http.client                   # here: an apply or a status never loads http
+
+        from . import httpdeadline
         start = time.monotonic()
-        request = urllib.request.Request(cmd.target, headers={"Accept": "application/json"})
+        headers = {"Accept": "application/json"}
         if token:
-            request.add_header("Authorization", f"Bearer {token}")
+            headers["Authorization"] = f"Bearer {token}"
         try:
-            with urllib.request.urlopen(request, timeout=self.http_timeout) as resp:
-                body, status = resp.read(HTTP_LIMIT), resp.status
-        except urllib.error.HTTPError as exc:
-            body, status = exc.read(HTTP_LIMIT), exc.code
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return self.record(cmd, start, error=f"{cmd.target}: {reason}")
+            status, body = httpdeadline.get(cmd.target, headers, self.http_timeout,
+                                            HTTP_LIMIT)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            return self.record(cmd, start, error=f"{cmd.target}: {httpdeadline.reason(exc)}")
         text = body.decode("utf-8", "replace")
         return self.record(cmd, start, exit_code=0, status=status,
                            stdout=self.redact(text, "json"))

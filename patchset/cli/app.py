@@ -91,6 +91,18 @@ def SecondsOpt(default: Optional[float], *flags: str, help: str):  # noqa: N802 
     return typer.Option(default, *flags, help=help, callback=seconds)
 
 
+# One HTTP exchange (a probe's request, a serve client's connection): each is one
+# deadline (patchset/agent/httpdeadline.py); 0 would fail every request and more than a
+# day is a typo, not a wait.
+MIN_REQUEST_SECONDS, MAX_REQUEST_SECONDS = 0.001, 24 * 3600
+request_seconds = within(MIN_REQUEST_SECONDS, MAX_REQUEST_SECONDS,
+                         "a request's timeout in seconds")
+
+
+def RequestSecondsOpt(default: float, *flags: str, help: str):  # noqa: N802 - an Option
+    return typer.Option(default, *flags, help=help, callback=request_seconds)
+
+
 SigmasOpt = typer.Option(3.0, "--sigmas", callback=within(0.5, 10.0, "a number of sigmas"),
                          help="drift: how many standard errors above the noise make a drift "
                          "(or a bisect's contribution) real")
@@ -116,7 +128,8 @@ HealthTimeoutOpt = SecondsOpt(None, "--health-timeout", help="seconds to wait fo
 
 ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="read the endpoint's API key from "
                             "this environment variable (the key is never shown)")
-ProbeTimeoutOpt = SecondsOpt(600.0, "--probe-timeout", help="seconds per probe request")
+ProbeTimeoutOpt = RequestSecondsOpt(600.0, "--probe-timeout",
+                                    help="seconds per probe request, all of it")
 WaiversOpt = typer.Option(None, "--waivers", help="the waivers file (default: ./waivers.yaml "
                           "when it exists): findings accepted on purpose, shown as waived, "
                           "not counted in the exit code")

@@ -21,7 +21,7 @@ from .app import (
     ConfidenceOpt,
     OutputTokensOpt,
     RichProgress,
-    SecondsOpt,
+    RequestSecondsOpt,
     SeriesOpt,
     SigmasOpt,
     ToleranceOpt,
@@ -47,7 +47,8 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
           sizes: Optional[str] = typer.Option(None, "--sizes", help="prompt sizes in tokens "
                                               "[8k,16k,32k]"),
           api_key_env: Optional[str] = ApiKeyEnvOpt,
-          timeout: float = SecondsOpt(600.0, "--timeout", help="seconds per request"),
+          timeout: float = RequestSecondsOpt(600.0, "--timeout", help="seconds per "
+                                             "request, all of it (connect to last byte)"),
           save: Optional[Path] = typer.Option(None, "--save", help="drift: keep this run's "
                                               "tokens and logprobs in FILE (for --against)",
                                               callback=output_file),

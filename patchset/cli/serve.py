@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, NoWaiversOpt, ProbeTimeoutOpt,
-                  SeriesOpt, TargetOpt, WaiversOpt, app, load, resolver_for, say)
+                  RequestSecondsOpt, SeriesOpt, TargetOpt, WaiversOpt, app, load, resolver_for, say)
 
 
 @app.command()
@@ -24,6 +24,10 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           interval: str = typer.Option("5m", "--interval", help="time between the audits "
                                        "of a host (30s, 5m, 1h); an unreachable host waits "
                                        "twice as long after each failure, up to 8 intervals"),
+          client_timeout: float = RequestSecondsOpt(10.0, "--client-timeout", help="seconds "
+                                                    "a client's connection may take, "
+                                                    "request and answer together; an "
+                                                    "idle or slow one is closed then"),
           probe: Optional[str] = typer.Option(None, "--probe", help="also run probes in "
                                               "every audit: recall | needle | all | drift"),
           probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle or "
@@ -66,7 +70,7 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         return to_dict(api.evaluate_gathered(s, gathered, None, steps, pol, waived))
 
     server = exporter.Exporter(specs, gather, evaluate, period, log=say)
-    where = server.serve(address, port)
+    where = server.serve(address, port, client_timeout)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

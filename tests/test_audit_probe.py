@@ -335,7 +335,7 @@ def test_failed_probe_shown_in_every_human_format(series, stand_ins) -> None:
     md = render(data, "md")
     assert f"Sent to {url}." in md
     assert f"| **FAIL** | recall | - | {sent} | {seen} | " in md
-    assert f"#### FAIL probe[recall]: recall {url}" in md
+    assert f"#### FAIL probe\\[recall\\]: recall {url}" in md     # [ ] escaped
     assert f"- fidelity probe: FAIL recall at {url}: sent {sent} words, server saw {seen} " \
            "tokens, " in md
     root = ET.fromstring(render(data, "junit"))
@@ -372,7 +372,8 @@ def test_cli_probe_exit_codes_follow_the_probe(cli_env: dict, stand_ins, capsys)
     assert code == 1 and out == ""
     assert err.startswith("1 host(s): 1 failed, 2 warnings, 0 unknown, 43 passed; 2 info "
                           "note(s), not counted; report ")
-    assert "#### FAIL probe[recall]: recall " in (cli_env["inventory"].parent / "r.md").read_text()
+    assert "#### FAIL probe\\[recall\\]: recall " in (
+        cli_env["inventory"].parent / "r.md").read_text()
 
 
 def test_cli_on_localhost_gathers_for_real_and_probes_the_inventory_port(

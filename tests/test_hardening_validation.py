@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from hostile import World
-from patchset.cli import main
+from hostutil import cli as run
 
 ADDED = "+# patch chat-a\n"
 MARKER = "\\ No newline at end of file\n"
@@ -138,12 +138,6 @@ def conflicting(series_dir: Path, patchset_home: Path, monkeypatch) -> Path:
     return series_dir
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_every_selection_check_passes_plans_and_applies(conflicting: Path, capsys) -> None:
     code, out, err = run(capsys, "check", "--offline", "--json", "--exhaustive")
     assert code == 0, err
@@ -177,3 +171,16 @@ def test_a_selection_check_skips_is_one_plan_refuses(conflicting: Path, capsys) 
     code, out, err = run(capsys, "plan", "--only", "chat-e", "--json")
     assert code == 0 and json.loads(out)["selected"] == ["chat-a", "chat-e"]
     assert ("chat-e",) not in allowed and ("chat-a", "chat-e") in allowed
+
+
+def test_a_series_check_passes_is_listed_whole(conflicting: Path, capsys) -> None:
+    """`list` is a listing, not a selection: a conflict check passes does not stop it
+    (it refused the series as a selection error), while `plan` refuses taking both."""
+    code, out, err = run(capsys, "list", "--json")
+    assert code == 0, err
+    assert [p["name"] for p in json.loads(out)] == ["chat-a", "dsv4-b", "idx-c", "idx-d",
+                                                    "chat-e"]
+    code, out, err = run(capsys, "list", "--tier", "moderate", "--json")
+    assert code == 0 and len(json.loads(out)) == 3, err
+    code, _, err = run(capsys, "plan")
+    assert code == 2 and "idx-c conflicts with chat-a; --exclude one of them" in err

@@ -10,50 +10,32 @@ failure (exit 1) and a real pass a pass (exit 0): the controls below.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from hostutil import cli, json_server
+
 from auditor.render import view
 from isolate import probe as probe_mod
 from isolate.bisect import BisectProbe
-from patchset.cli import main
 
 
 class Server:
     """An OpenAI-shaped chat server whose answer the test sets: `reply(body) -> dict`."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str = "") -> None:
+        self.url = url
         self.reply = lambda body: {}
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:                    # the http.server API's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                data = json.dumps(outer.reply(body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:
-                pass
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     srv = Server()
-    thread = threading.Thread(target=srv.http.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.http.shutdown()
-    srv.http.server_close()
+    with json_server(lambda body, headers: srv.reply(json.loads(body))) as url:
+        srv.url = url
+        yield srv
 
 
 def planted(body: dict) -> str:
@@ -87,9 +69,7 @@ UNJUDGED = [
 
 
 def probe(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(["probe", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return cli(capsys, "probe", *argv)
 
 
 @pytest.mark.parametrize(("case", "reply"), UNJUDGED, ids=[c for c, _ in UNJUDGED])
@@ -186,7 +166,6 @@ def test_trace_with_nothing_observed_exits_5(series, seed, tmp_path: Path, monke
                                             capsys) -> None:
     from audit_facts import synth  # noqa: F401 (the seed's facts: no server traced)
     from deploy.resolve import Hosts
-    from hostutil import cli
     from test_audit_probe import Replay
     monkeypatch.setenv("PATCHSET_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(Path(series.root))

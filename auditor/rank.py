@@ -248,12 +248,10 @@ def _patch_steps(ctx: AuditContext, symptom: Symptom, patch: Patch,
                                   "zero code change: the same tree, the patch's kernel "
                                   + ("enabled" if turn_on else "replaced by upstream's")))
         elif st.state == "not-applied":
-            applied = _applied(host)
-            names = ",".join([n for n in applied] + [patch.name])
-            steps.append(NextStep(2, "apply", f"add {patch.name} to {host.host}'s selection",
-                                  f"patchset plan --only {names} {shlex.quote(host.host)}"
-                                  + access.options(),
-                                  "plan shows the change; apply with the same selection"))
+            steps.append(_add_step(ctx, host, patch.name, 2, "apply",
+                                   f"add {patch.name} to {host.host}'s selection",
+                                   "plan shows the change; apply with the same selection",
+                                   access, [unit] if unit else []))
         elif st.state == "inert":
             steps.append(NextStep(2, "fix", f"make {patch.name} reach its code path on "
                                   f"{host.host}", "", st.reason))
@@ -287,6 +285,45 @@ def _toggle(host: HostReport, unit_name: str, patch: Patch, on: bool) -> str:
     return f"{edit} && systemctl restart {q(unit_name)}"
 
 
+def _add_step(ctx: AuditContext, host: HostReport, name: str, cost: int, kind: str,
+              title: str, why: str, access: Access, units: list[str]) -> NextStep:
+    """The step that adds `name` to the host's selection: `plan --only` with the selection
+    `plan` itself resolves (the applied patches and `name`, each once, dependencies in,
+    series order), so the suggestion is a command that runs. A patch the tree already has
+    is never suggested again: the servers that did not load it are restarted instead."""
+    applied = _applied(host)
+    if name in applied:
+        restart = " ".join(shlex.quote(u) for u in sorted(set(units)))
+        return NextStep(1, "restart", f"{name} is applied on {host.host} but not loaded: "
+                        f"restart {', '.join(sorted(set(units))) or 'its servers'}",
+                        access.remote(host.host, f"systemctl restart {restart}")
+                        if restart else "", "the tree has it; the running servers do not")
+    command = suggested_plan(ctx.series, applied + [name], host.host)
+    return NextStep(cost, kind, title, command + access.options() if command else "",
+                    why if command else f"{why}; no selection takes {name} with the "
+                    f"patches applied on {host.host} (`patchset plan` says why)".lstrip("; "))
+
+
+def suggested_plan(series, names: list[str], host: str) -> str:
+    """`patchset plan --only NAMES HOST` for the selection `plan` makes of `names` (names
+    the series no longer has left out), or "" when `plan` would refuse it."""
+    from patchset.errors import PatchsetError
+    from patchset.selection import Selection, plan
+    known = series.by_name()
+    wanted = tuple(dict.fromkeys(n for n in names if n in known))
+    try:
+        chosen = plan(series, Selection(only=wanted)).names
+    except PatchsetError:
+        return ""
+    return f"patchset plan --only {','.join(chosen)} {shlex.quote(host)}"
+
+
+def _units(host: HostReport, servers: set[str]) -> list[str]:
+    """The units of the host's servers named in `servers`."""
+    found = (host.facts.server(s) for s in servers)
+    return sorted({srv.unit for srv in found if srv is not None and srv.unit})
+
+
 def _applied(host: HostReport) -> list[str]:
     tree = host.facts.tree
     if not tree.known:
@@ -316,10 +353,12 @@ def _hazard_suspects(ctx: AuditContext, symptom: Symptom, access: Access):
             command = ""
             fix = [p for p in hz.fixed_by if p in ctx.series.by_name()]
             if m.kind == "fix" and fix and fix[0] in m.title:
-                host = ctx.hosts[0]
-                names = ",".join(_applied(host) + fix[:1])
-                command = (f"patchset plan --only {names} {shlex.quote(host.host)}"
-                           + access.options())
+                host = next(h for h in ctx.hosts if h.host == fired[0].host)
+                units = _units(host, {f.subject.split(":")[0] for f in fired
+                                      if f.host == host.host})
+                steps.append(_add_step(ctx, host, fix[0], m.cost, m.kind, m.title, "",
+                                       access, units))
+                continue
             steps.append(NextStep(m.cost, m.kind, m.title, command))
         out.append(_Scored(score, "hazard", hz.id, reasons, steps))
     return out

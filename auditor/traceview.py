@@ -86,6 +86,14 @@ def view(report: Report) -> list[ServerTrace]:
     return out
 
 
+def unobserved(report: Report, views: list[ServerTrace]) -> list[str]:
+    """Hosts reached whose servers left no trace record (or that run none): nothing was
+    observed there, so `trace` has no verdict for them (exit 5), never a pass."""
+    traced = {v.host for v in views if v.traced}
+    return [h.host for h in report.hosts
+            if h.facts.reachable and not h.facts.error and h.host not in traced]
+
+
 def _process(rec: dict, live: dict[int, str]) -> ProcessTrace:
     """One process's record; its title as the process shows it now (a scheduler sets its
     title after the tracer's first record)."""

@@ -156,14 +156,18 @@ class BisectProbe:
     def url(self) -> str:
         return self.endpoint.describe()
 
-    def run(self) -> tuple[bool, list[dict]]:
+    def run(self) -> tuple[bool | None, list[dict]]:
+        """(True all pass, False one fails, None no failure but one could not judge: the
+        state has no verdict), with the probe records."""
         report = probe_mod.fidelity(probe_mod.FidelitySpec(
             endpoint=self.endpoint, kinds=self.kinds, sizes=self.sizes,
             api_key_env=self.api_key_env, timeout=self.timeout))
         if report.unreachable:
             raise Unreachable("; ".join(r.error or r.reason for r in report.results
                                         if r.unreachable))
-        return report.ok, [asdict(r) for r in report.results]
+        failed = any(not r.ok and not r.inconclusive for r in report.results)
+        verdict = False if failed else None if report.inconclusive else report.ok
+        return verdict, [asdict(r) for r in report.results]
 
 
 class Unreachable(Exception):
@@ -236,6 +240,12 @@ def bisect(t: BisectHost, probe: "BisectProbe | DriftProbe", symptom: str = "con
                                    results))
     if ok:
         report.verdict = "the probe passes in the starting state: nothing to bisect"
+        report.restored = True
+        return report
+    if ok is None:
+        report.verdict = ("the probe could not judge the starting state (no answer to judge "
+                          "by): nothing to bisect, nothing was changed")
+        report.undecided = [c.patch for c in report.candidates]
         report.restored = True
         return report
     steps = [c for c in report.candidates if c.plan != "skip"]
@@ -411,6 +421,12 @@ def _walk(t: BisectHost, probe: BisectProbe, report: BisectReport, steps: list[C
             report.verdict = ("no single change flips the probe, all of them together do: "
                               "a combination of " + ", ".join(c.patch for c in steps))
             return
+    unjudged = [s.change for s in report.steps[1:] if s.probe_ok is None]
+    if unjudged:
+        report.undecided = [c.patch for c in steps]
+        report.verdict = ("no change flipped the probe, but it could not judge "
+                          f"{len(unjudged)} state(s) ({'; '.join(unjudged)}): undecided")
+        return
     report.verdict = ("no change of the series flips the probe: the cause is outside the "
                       "candidates (upstream, a hazard, or the deployment)")
 
@@ -422,7 +438,8 @@ def _step(t: BisectHost, probe: BisectProbe, report: BisectReport, action: str, 
     ok, results = probe.run()
     step.probe_ok, step.probes = ok, results
     step.seconds = round(time.monotonic() - started, 2)
-    say(f"{t.host.name}: step {step.number}: probe {'PASSES' if ok else 'still fails'}")
+    say(f"{t.host.name}: step {step.number}: probe "
+        f"{'PASSES' if ok else 'could not judge' if ok is None else 'still fails'}")
     return step
 
 

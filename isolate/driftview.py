@@ -9,10 +9,10 @@ noise threshold a dashed line.
 
 from __future__ import annotations
 
-import html as htmlmod
 from typing import Any
 
 from auditor.render.chart import svg
+from patchset import escaping
 
 
 def _fmt(value: float | None, spec: str = ".3g") -> str:
@@ -67,11 +67,11 @@ def _pct(value: float | None) -> str:
 
 def html(outcome: Any) -> str:
     """A whole page: the table and one chart per sequence plus the overall one."""
-    esc = htmlmod.escape
+    esc = escaping.for_html
     body = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
             "<title>patchset drift probe</title></head><body>",
             "<h1>patchset drift probe</h1>",
-            "<pre>" + esc("\n".join(table(outcome))) + "</pre>"]
+            "<pre>" + "\n".join(esc(line) for line in table(outcome)) + "</pre>"]
     rep = outcome.report
     if rep is not None:
         threshold = rep.verdict.tolerance          # the line: the drift that matters

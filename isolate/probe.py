@@ -10,7 +10,8 @@
         N parallel 256-token generations; prints completion tokens per second
 
 Each prints one JSON line and exits 0 (pass) or 1 (fail, an HTTP error status included);
-a server that cannot be reached exits 3. `--api-key` or $SGLANG_API_KEY is sent as a
+a server that cannot be reached exits 3, one that gives nothing to judge by (no text, no
+token counts) 5, with "judged": false. `--api-key` or $SGLANG_API_KEY is sent as a
 bearer token. Run it before and after each isolation step and compare.
 
 `patchset probe` runs the context-fidelity pair below (`fidelity`): a multi-turn recall
@@ -100,8 +101,9 @@ def needle(target: HttpEndpoint | str, tokens: int, key: str | None) -> dict:
                                                 "the token only."})
     reply = chat(direct(target), messages, 32, key)
     answer = _text(reply)
-    return {"probe": "needle", "ok": token in answer, "token": token, "answer": answer[:200],
-            "prompt_words": words, "turns": turn, "usage": reply.get("usage")}
+    return {"probe": "needle", "ok": token in answer, "judged": bool(answer.strip()),
+            "token": token, "answer": answer[:200], "prompt_words": words, "turns": turn,
+            "usage": reply.get("usage")}
 
 
 def greedy(target: HttpEndpoint | str, max_tokens: int, key: str | None) -> dict:
@@ -112,7 +114,9 @@ def greedy(target: HttpEndpoint | str, max_tokens: int, key: str | None) -> dict
     same = first == second
     diverge = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b),
                    None if same else min(len(first), len(second)))
-    return {"probe": "greedy", "ok": same, "chars": len(first), "diverges_at": diverge}
+    judged = bool(first.strip() or second.strip())   # two empty answers prove nothing
+    return {"probe": "greedy", "ok": same and judged, "judged": judged, "chars": len(first),
+            "diverges_at": diverge}
 
 
 def throughput(target: HttpEndpoint | str, parallel: int, key: str | None) -> dict:
@@ -123,8 +127,10 @@ def throughput(target: HttpEndpoint | str, parallel: int, key: str | None) -> di
         replies = list(pool.map(lambda _: chat(endpoint, messages, 256, key),
                                 range(parallel)))
     elapsed = time.monotonic() - start
-    done = sum((r.get("usage") or {}).get("completion_tokens", 0) for r in replies)
-    return {"probe": "throughput", "ok": done > 0, "requests": parallel,
+    counts = [(r.get("usage") or {}).get("completion_tokens") for r in replies]
+    done = sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool))
+    return {"probe": "throughput", "ok": done > 0, "judged": done > 0 or all(
+                isinstance(c, int) for c in counts), "requests": parallel,
             "completion_tokens": done, "seconds": round(elapsed, 3),
             "tokens_per_second": round(done / elapsed, 1) if elapsed else None}
 
@@ -171,15 +177,31 @@ class FidelityReport:
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.results)
+        return bool(self.results) and all(r.ok for r in self.results)
 
     @property
     def unreachable(self) -> bool:
         return any(r.unreachable for r in self.results)
 
+    @property
+    def inconclusive(self) -> bool:
+        """A probe answered with nothing to judge by: no verdict, never a pass."""
+        return any(r.inconclusive for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        """3 unreachable, else 5 if a probe could not judge (with none failed, or a
+        failed one: Exit.combine's worst), 1 a probe failed, 0 every probe passed."""
+        from patchset.errors import Exit
+        if self.unreachable:
+            return Exit.UNREACHABLE
+        return Exit.combine([Exit.INCONCLUSIVE if r.inconclusive else
+                             Exit.OK if r.ok else Exit.FINDINGS for r in self.results])
+
     def to_json(self) -> dict:
         return {"url": self.url, "host": self.host, "ok": self.ok,
-                "unreachable": self.unreachable, "results": [asdict(r) for r in self.results]}
+                "unreachable": self.unreachable, "inconclusive": self.inconclusive,
+                "results": [asdict(r) for r in self.results]}
 
 
 def parse_sizes(text: str | None, option: str = "--sizes") -> tuple[int, ...]:
@@ -415,18 +437,21 @@ def _ask(probe: str, name: str, endpoint: HttpEndpoint, key: str | None, timeout
     reasoning = message.get("reasoning_content") or ""
     sent = sum(len((m.get("content") or "").split()) for m in messages)
     seen = (reply.get("usage") or {}).get("prompt_tokens")
-    ok, reason = _verdict(token, answer, reasoning, sent, seen)
-    return ProbeResult(probe=probe, name=name, ok=ok, reason=reason, expected=token,
+    ok, reason = _verdict(token, answer, reasoning, sent, seen,
+                          reply["choices"][0].get("finish_reason"))
+    return ProbeResult(probe=probe, name=name, ok=ok is True, reason=reason, expected=token,
                        answer=_clip(_redact(answer, key), ANSWER_CHARS), size_tokens=size,
                        words_sent=sent, prompt_tokens=seen, latency_ms=latency,
                        turns=sum(m["role"] == "user" for m in messages), tools=tools,
-                       url=endpoint.describe())
+                       url=endpoint.describe(), inconclusive=ok is None)
 
 
-def _verdict(token: str, answer: str, reasoning: str, sent: int,
-             seen: int | None) -> tuple[bool, str]:
+def _verdict(token: str, answer: str, reasoning: str, sent: int, seen: int | None,
+             finish: Any = None) -> tuple[bool | None, str]:
     """Pass only if the token comes back and the server saw what was sent: a real
-    tokenizer gives at least one token per word, so fewer means context was cut."""
+    tokenizer gives at least one token per word, so fewer means context was cut. None
+    (could not judge, never a pass) when the server gave nothing to judge by: no text at
+    all, or an answer cut at the token limit before it said the token."""
     if isinstance(seen, int) and seen < sent * SEEN_FLOOR:
         return False, (f"the server saw {seen} prompt tokens of {sent} words sent: "
                        "context was dropped or truncated")
@@ -434,6 +459,11 @@ def _verdict(token: str, answer: str, reasoning: str, sent: int,
         return True, "the planted token came back"
     if token in reasoning:
         return True, "the planted token came back (in reasoning_content)"
+    if not answer and not reasoning.strip():
+        return None, "could not judge: the server answered no text"
+    if finish == "length":
+        return None, (f"could not judge: the answer stopped at the {ANSWER_TOKENS}-token "
+                      "limit before it gave a token")
     return False, f"the answer does not contain the planted token {token}"
 
 
@@ -584,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
         error = f"not an OpenAI chat completion: {exc}"
     else:
         print(json.dumps(result))
+        if not result["judged"]:
+            return Exit.INCONCLUSIVE           # nothing to judge by: never a pass
         return Exit.OK if result["ok"] else Exit.FINDINGS
     print(json.dumps({"probe": args.probe, "ok": False,
                       "error": _clip(_redact(error, key), ERROR_CHARS)}))

@@ -55,8 +55,10 @@ MEANINGS: dict[Exit, str] = {
                  "does, so a patch that does not apply is the same refusal from all three",
     Exit.INCONCLUSIVE: "inconclusive: a measurement could not decide at the data measured (a "
                        "drift comparison neither above the noise nor bounded below the "
-                       "tolerance; a bisect that left suspects undecided); the output says "
-                       "what it would take",
+                       "tolerance; a probe whose server gave no text to judge; a bisect that "
+                       "left suspects undecided or whose probe could not judge; a `trace` "
+                       "that observed nothing on a host); the output says what it would "
+                       "take. Could-not-judge is never exit 0",
     Exit.INTERNAL: "internal error (a bug): a one-line summary, the trace in "
                    "`$PATCHSET_HOME/debug.log`",
     Exit.INTERRUPTED: "interrupted (Ctrl-C); a `bisect` restores the host first",

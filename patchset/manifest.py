@@ -54,11 +54,21 @@ def load_series(manifest: str | Path) -> Series:
                 f"{MANIFEST_VERSION})")
     upstream = _upstream(doc)
     pinrules.remember(doc, upstream)
+    _check_cached_wheel(upstream)
     patches = _patches(doc, path.parent, upstream.git_prefix)
     _check_references(doc, patches)
     _check_upstreamed(doc, patches)
     return Series(manifest=str(path), root=str(path.parent), upstream=upstream,
                   patches=tuple(patches))
+
+
+def _check_cached_wheel(pin: UpstreamPin) -> None:
+    """A pin whose sha256 the cached wheel disagrees with is refused here, at load, by
+    every command (not only by the ones that provision, `check` among them): the pin is
+    what is in doubt, and `list` or `export` must not pass a series `check` refuses.
+    Read-only; a cache without the wheel says nothing."""
+    from .upstream import verify_cached_wheel   # its imports are for provisioning
+    verify_cached_wheel(pin)
 
 
 def _keys(doc: Located, where: tuple, value: Any, allowed: dict[str, bool]) -> dict:
@@ -328,6 +338,36 @@ def _check_references(doc: Located, patches: list[Patch]) -> None:
                 raise doc.error(("series", i, "depends", j),
                                 f"{dep!r} comes later in the series; dependencies must be below "
                                 "the patch that needs them")
+    _check_selectable(doc, patches)
+
+
+def _check_selectable(doc: Located, patches: list[Patch]) -> None:
+    """Refuse a patch no selection can take: one that conflicts with a patch it needs
+    (directly or through its dependencies), or whose dependencies conflict with each other.
+    Every command loads the series here, so `check` cannot pass a series that `list`,
+    `plan` or `apply` would then refuse as a selection error."""
+    known = {p.name: p for p in patches}
+    index = {p.name: i for i, p in enumerate(patches)}
+    for patch in patches:
+        needed = _closure(known, patch.name)
+        for holder in sorted(needed, key=index.__getitem__):
+            for j, other in enumerate(known[holder].conflicts):
+                if other in needed:
+                    needs = (f"conflicts with {other!r}, which it needs" if holder == patch.name
+                             else f"needs both {holder!r} and {other!r}, which conflict")
+                    raise doc.error(("series", index[holder], "conflicts", j),
+                                    f"{patch.name!r} {needs}: no selection can take it")
+
+
+def _closure(known: dict[str, Patch], name: str) -> set[str]:
+    """`name` and every patch it depends on, transitively."""
+    seen, stack = set(), [name]
+    while stack:
+        current = stack.pop()
+        if current not in seen:
+            seen.add(current)
+            stack.extend(known[current].depends)
+    return seen
 
 
 def _check_upstreamed(doc: Located, patches: list[Patch]) -> None:

@@ -115,6 +115,7 @@ def check_raw_diff(lines: list[str], start: int, file: str) -> None:
             hunk = _Hunk()
         elif hunk.seen:
             if line.startswith("\\") and hunk.ended == number:
+                hunk.take_marker(line, number + 1, file)
                 continue
             raise ManifestError(file, number + 1, "diff.hunk",
                                 f"{_quote(line)} follows the hunk of line {hunk.line}, which "
@@ -132,6 +133,7 @@ class _Hunk:
         self.old, self.new, self.line, self.header = old, new, line, header
         self.seen = line > 0          # a hunk of this file section has been read
         self.ended = 0                # 0-based index of the line after the hunk's last
+        self.marker_ok = False        # a `\\ No newline` marker may follow the last line
 
     @classmethod
     def start(cls, text: str, number: int, file: str) -> "_Hunk":
@@ -159,6 +161,7 @@ class _Hunk:
         elif kind == "+":
             self.new -= 1
         elif kind == "\\":
+            self.take_marker(line, number, file)
             return
         else:
             raise self.short(file, number, line)
@@ -168,6 +171,20 @@ class _Hunk:
                                 f"has more {side} lines than its header ({self.header}) "
                                 "counts")
         self.ended = number
+        # The marker says the line before it is its file's last: only the last line of a
+        # side may carry it (git would otherwise join two lines, and apply a patch other
+        # than the one `show` displays).
+        self.marker_ok = {" ": self.old == self.new == 0, "": self.old == self.new == 0,
+                          "-": self.old == 0, "+": self.new == 0}[kind]
+
+    def take_marker(self, line: str, number: int, file: str) -> None:
+        """A `\\ No newline at end of file` line: once, after the last line of a side, in
+        git's form (`\\ ` and at least 12 characters, whatever the locale's words)."""
+        if not self.marker_ok or not line.startswith("\\ ") or len(line) < 12:
+            raise ManifestError(file, number, "diff.hunk", f"{_quote(line)} is not a "
+                                "`\\ No newline at end of file` marker after the last line "
+                                f"of a side of the hunk of line {self.line}")
+        self.marker_ok = False
 
     def short(self, file: str, number: int | None = None, line: str = "") -> ManifestError:
         owed = (f"{self.old} old and {self.new} new line(s) fewer than its header "

@@ -56,12 +56,21 @@ def parse_names(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
 
 
 def list_patches(series: Series, tier: str | None = None, path: str | None = None) -> list[Patch]:
-    """`list`: the patches --tier/--path keep, series order. Here, not in api.py, which
-    `list` would otherwise import for this one call (7 ms of its start)."""
-    return list(plan(series, Selection(tier=tier, path=path)).patches)
+    """`list`: the patches --tier/--path keep, series order. A listing, not a selection:
+    two patches that conflict are both listed (`check` passes such a series; `plan` and
+    `apply` refuse taking both). Here, not in api.py, which `list` would otherwise import
+    for this one call (7 ms of its start)."""
+    return list(_resolve(series, Selection(tier=tier, path=path)).patches)
 
 
 def plan(series: Series, selection: Selection) -> Plan:
+    resolved = _resolve(series, selection)
+    _refuse_conflicts(series, set(resolved.names))
+    return resolved
+
+
+def _resolve(series: Series, selection: Selection) -> Plan:
+    """The plan of `selection`, its conflicts not yet refused."""
     _validate(series, selection)
     chosen: dict[str, str] = {}
     reasons: dict[str, str] = {}
@@ -72,7 +81,6 @@ def plan(series: Series, selection: Selection) -> Plan:
         else:
             chosen[patch.name] = _included_because(patch, selection)
     pulled = _pull_dependencies(series, chosen, selection)
-    _refuse_conflicts(series, chosen)
     decisions = tuple(
         Decision(p.name, p.name in chosen, chosen.get(p.name) or reasons[p.name], p.name in pulled)
         for p in series.patches
@@ -138,7 +146,7 @@ def _pull_dependencies(series: Series, chosen: dict[str, str], selection: Select
     return pulled
 
 
-def _refuse_conflicts(series: Series, chosen: dict[str, str]) -> None:
+def _refuse_conflicts(series: Series, chosen: set[str]) -> None:
     for patch in series.patches:
         if patch.name not in chosen:
             continue

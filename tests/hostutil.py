@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.hostsetup import free_ports  # noqa: F401 - the tests' name for it
@@ -19,6 +23,31 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@contextlib.contextmanager
+def json_server(answer: Callable[[bytes, dict], dict]) -> Iterator[str]:
+    """A local HTTP server whose every POST gets `answer(body, headers)` as JSON (an
+    OpenAI-shaped stand-in a test scripts); yields its URL."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:                        # the http.server API's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            data = json.dumps(answer(body, dict(self.headers))).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def on_host(host: TestHost, command: str) -> str:

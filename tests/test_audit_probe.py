@@ -10,18 +10,16 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 from audit_facts import synth
 from faketransport import FakeTransport
-from hostutil import free_port, on_host
+from hostutil import free_port, json_server, on_host
 
 from auditor import api, report
 from auditor.rank import Access
@@ -162,26 +160,12 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 def echo_key() -> Iterator[str]:
     """An OpenAI-shaped server that answers with the bearer key it was sent (a proxy that
     leaks credentials), so the report has a key to redact."""
-    class Echo(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:                        # the http.server API's name
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            key = (self.headers.get("Authorization") or "").split()[-1]
-            body = json.dumps({"choices": [{"message": {"content": f"your key: {key}"}}],
-                               "usage": {"prompt_tokens": 10**6}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    def echo(body: bytes, headers: dict) -> dict:
+        key = (headers.get("Authorization") or "").split()[-1]
+        return {"choices": [{"message": {"content": f"your key: {key}"}}],
+                "usage": {"prompt_tokens": 10**6}}
+    with json_server(echo) as url:
+        yield url
 
 
 # ---------------------------------------------------------------- the library
@@ -335,7 +319,7 @@ def test_failed_probe_shown_in_every_human_format(series, stand_ins) -> None:
     md = render(data, "md")
     assert f"Sent to {url}." in md
     assert f"| **FAIL** | recall | - | {sent} | {seen} | " in md
-    assert f"#### FAIL probe[recall]: recall {url}" in md
+    assert f"#### FAIL probe\\[recall\\]: recall {url}" in md     # [ ] escaped
     assert f"- fidelity probe: FAIL recall at {url}: sent {sent} words, server saw {seen} " \
            "tokens, " in md
     root = ET.fromstring(render(data, "junit"))
@@ -372,7 +356,8 @@ def test_cli_probe_exit_codes_follow_the_probe(cli_env: dict, stand_ins, capsys)
     assert code == 1 and out == ""
     assert err.startswith("1 host(s): 1 failed, 2 warnings, 0 unknown, 43 passed; 2 info "
                           "note(s), not counted; report ")
-    assert "#### FAIL probe[recall]: recall " in (cli_env["inventory"].parent / "r.md").read_text()
+    assert "#### FAIL probe\\[recall\\]: recall " in (
+        cli_env["inventory"].parent / "r.md").read_text()
 
 
 def test_cli_on_localhost_gathers_for_real_and_probes_the_inventory_port(

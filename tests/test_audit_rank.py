@@ -62,8 +62,9 @@ def test_seed_next_steps_cheapest_first_with_exact_commands(series, seed) -> Non
     assert steps[0].command == ("patchset revert mhc-bf16 --host gpu1 && ssh -p 22 "
                                 "root@10.0.0.5 'systemctl restart sglang-decode.service "
                                 "sglang-prefill.service'")
-    assert steps[1].command.startswith("patchset plan --only default-thinking-reasoning,")
-    assert steps[1].command.endswith(",mhc-bf16,nvfp4-cutlass-swiglu-clamp gpu1")
+    assert steps[1].command == ("patchset plan --only default-thinking-reasoning,"   # series
+                                "nvfp4-cutlass-swiglu-clamp,triton-dsa-indexer,"     # order,
+                                "indexer-bf16-gemm,mma-splitk-decode,mhc-bf16 gpu1")  # as plan
     assert steps[-1].command == ("patchset probe --url http://10.0.0.5:30000 "
                                  "--sizes 8k,16k,32k")
 
@@ -139,7 +140,7 @@ def test_suggested_commands_carry_the_inventory_and_series_the_audit_was_given(s
                               "root@10.0.0.5 'systemctl restart sglang-decode.service "
                               "sglang-prefill.service'")    # the ssh part carries nothing
     assert plan.command.startswith("patchset plan --only default-thinking-reasoning,")
-    assert plan.command.endswith(f",nvfp4-cutlass-swiglu-clamp gpu1{CARRIED}")
+    assert plan.command.endswith(f",mhc-bf16 gpu1{CARRIED}")
     # a host the inventory gives no router/decode port: the probe keeps the facts' URL
     assert steps[-1].command == "patchset probe --url http://10.0.0.5:30000 --sizes 8k,16k,32k"
     for step in (s for s in steps[:-1] if s.command.startswith("patchset ")):

@@ -73,13 +73,13 @@ def test_unknown_names_and_bad_values(series) -> None:
 def test_conflicts_refused(series_dir: Path) -> None:
     manifest = series_dir / "patches.yaml"
     data = yaml.safe_load(manifest.read_text())
-    data["series"][2]["conflicts"] = ["dsv4-b"]
-    manifest.write_text(yaml.safe_dump(data, sort_keys=False))
+    data["series"][2]["conflicts"] = ["chat-a"]    # no patch needs both (idx-d needs
+    manifest.write_text(yaml.safe_dump(data, sort_keys=False))   # idx-c and dsv4-b)
     series = load_series(manifest)
-    with pytest.raises(SelectionError, match="idx-c conflicts with dsv4-b"):
+    with pytest.raises(SelectionError, match="idx-c conflicts with chat-a"):
         plan(series, Selection(tier="moderate"))
     assert plan(series, Selection(only=("idx-c",))).names == ("idx-c",)
-    assert all("idx-c" not in {p.name for p in sel} or "dsv4-b" not in {p.name for p in sel}
+    assert all("idx-c" not in {p.name for p in sel} or "chat-a" not in {p.name for p in sel}
                for sel in closed_selections(series, exhaustive=True))
 
 

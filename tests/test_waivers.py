@@ -22,6 +22,7 @@ from auditor.model import Finding
 from auditor.policy import load as load_policy
 from auditor.render import render
 from deploy.resolve import Hosts
+from patchset import escaping
 from patchset.cli import main
 from patchset.errors import ManifestError, UsageError
 
@@ -255,12 +256,14 @@ def test_every_format_shows_the_waiver_and_its_justification(series) -> None:
     assert [f["id"] for f in shown["findings"] if f["status"] == "waived"] == [NARROWED]
     assert shown == data
     md = texts["md"]
-    assert f"| waived (was warn) | medium | {NARROWED} |" in md
-    assert f"#### WAIVED {NARROWED}: {SUBJECT}" in md
-    assert f"**Waived:** {JUSTIFICATION} (waived by Jane Operator <jane@example.com> until " \
-           f"2027-06-30 (was warn; {EXAMPLE}:19))" in md
+    assert f"| waived (was warn) | medium | {escaping.for_markdown(NARROWED)} |" in md
+    md_ = escaping.for_markdown          # data in Markdown is escaped (issue 25, class 11)
+    assert f"#### WAIVED {md_(NARROWED)}: {md_(SUBJECT)}" in md
+    assert f"**Waived:** {md_(JUSTIFICATION)} (" + md_(
+        f"waived by Jane Operator <jane@example.com> until 2027-06-30 (was warn; "
+        f"{EXAMPLE}:19)") + ")" in md
     assert "passed, 1 waived** on 1 host(s) (exit code 0)" in md
-    assert f"| applied (line 19) | {NARROWED} | gpu1 |" in md
+    assert f"| applied (line 19) | {md_(NARROWED)} | gpu1 |" in md
     html = texts["html"]
     assert '<tr class="finding waived"><td><span class="badge waived">waived</span>' in html
     assert f'<span class="waiver"><strong>Waived:</strong> {JUSTIFICATION} ' in html

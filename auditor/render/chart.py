@@ -14,9 +14,10 @@ of each bin is a point, `<circle class="point" data-position=... data-drift=...>
 
 from __future__ import annotations
 
-import html as htmlmod
 import math
 from collections.abc import Iterable, Sequence
+
+from patchset import escaping
 
 FLOOR = 1e-16                  # log10 of 0 is not drawable: the chart's bottom
 WIDTH, HEIGHT, PAD = 640, 240, 48
@@ -72,7 +73,7 @@ def bars(items: Sequence[tuple[str, float | None, float | None, float | None]],
     slot = (WIDTH - 2 * PAD) / len(items)
     width = min(40.0, slot * 0.6)
     base = HEIGHT - PAD
-    esc = htmlmod.escape
+    esc = escaping.for_html
     for i, (label, value, low, high) in enumerate(items):
         cx = PAD + slot * (i + 0.5)
         shown = value if value is not None else high
@@ -95,7 +96,7 @@ def bars(items: Sequence[tuple[str, float | None, float | None, float | None]],
 
 
 def _empty(title: str, says: str) -> str:
-    esc = htmlmod.escape
+    esc = escaping.for_html
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
             f'role="img" aria-label="{esc(title)}"><text x="{PAD}" y="{HEIGHT // 2}">'
             f"{esc(says)}</text></svg>")
@@ -103,7 +104,7 @@ def _empty(title: str, says: str) -> str:
 
 def _frame(title: str, css: str, lo_y: int, hi_y: int) -> list[str]:
     """The opening tag, the title, both axes and the y ticks (one per decade)."""
-    esc = htmlmod.escape
+    esc = escaping.for_html
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{esc(title)}" '
            f'class="{css}">',

@@ -1,11 +1,14 @@
 """The terminal view (rich): suspects and next steps first, then per host the servers,
 the patch x server state matrix, the fidelity probes (--probe) and the checks that did
-not pass. Plain when piped."""
+not pass. Plain when piped. Every value of the report goes through `escape`
+(patchset/escaping.py: rich markup and control characters), state words included."""
 
 from __future__ import annotations
 
 import io
 from typing import TYPE_CHECKING
+
+from patchset.escaping import for_terminal as escape
 
 from . import view
 
@@ -20,7 +23,7 @@ STYLE = {"fail": "bold red", "FAIL": "bold red", "warn": "yellow", "unknown": "m
 
 def _tag(text: str) -> str:
     style = STYLE.get(text)
-    return f"[{style}]{text}[/{style}]" if style else text
+    return f"[{style}]{escape(text)}[/{style}]" if style else escape(text)
 
 
 def _cell(row: dict, col: str) -> str:
@@ -35,7 +38,6 @@ def _cell(row: dict, col: str) -> str:
 
 def render(data: dict, color: bool = False, width: int | None = None) -> str:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     buffer = io.StringIO()
@@ -43,15 +45,15 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
                       width=width or 140, highlight=False, soft_wrap=False, emoji=False)
     s = data["summary"]
     c = s["checks"]
-    console.print(f"[bold]patchset audit[/bold]  {data['series']['upstream']['name']} "
-                  f"{data['series']['upstream']['version']}, {s['hosts']} host(s): "
+    console.print(f"[bold]patchset audit[/bold]  {escape(data['series']['upstream']['name'])} "
+                  f"{escape(data['series']['upstream']['version'])}, {s['hosts']} host(s): "
                   f"{_tag('fail')} {c['fail']}  {_tag('warn')} {c['warn']}  "
                   f"{_tag('unknown')} {c['unknown']}  {_tag('pass')} {c['pass']}"
                   + (f"  {_tag('waived')} {s['waived']}" if s.get("waived") else "")
                   + (f"  unreachable: {escape(', '.join(s['unreachable']))}"
                      if s["unreachable"] else "")
                   + (f"  ({s['notes']} info note(s), not counted)" if s.get("notes") else "")
-                  + f"  exit {s['exit_code']}", soft_wrap=True)
+                  + f"  exit {escape(s['exit_code'])}", soft_wrap=True)
     if data.get("symptom"):
         sym = data["symptom"]
         table = Table(title=f"Suspects for: {escape(sym['title'])}", title_justify="left",
@@ -59,13 +61,14 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
         for col in ("#", "suspect", "kind", "score", "why"):
             table.add_column(col, overflow="fold", ratio=6 if col == "why" else None)
         for sp in sym["suspects"]:
-            table.add_row(str(sp["rank"]), f"[bold]{escape(sp['name'])}[/bold]", sp["kind"],
-                          f"{sp['score']:g}", escape("\n".join(sp["reasons"])))
+            table.add_row(escape(sp["rank"]), f"[bold]{escape(sp['name'])}[/bold]",
+                          escape(sp["kind"]), escape(f"{sp['score']:g}"),
+                          "\n".join(escape(r) for r in sp["reasons"]))
         console.print(table)
         console.print("[bold]Next steps, cheapest first[/bold]")
         for i, step in enumerate(sym["next_steps"], 1):
-            console.print(f" {i}. {escape(step['title'])} [dim](cost {step['cost']}, "
-                          f"{step['kind']})[/dim]")
+            console.print(f" {i}. {escape(step['title'])} [dim](cost {escape(step['cost'])}, "
+                          f"{escape(step['kind'])})[/dim]")
             if step["why"]:
                 console.print(f"    [dim]{escape(step['why'])}[/dim]", soft_wrap=True)
             if step["command"]:
@@ -82,7 +85,8 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
             for col in ("server", "role", "pid", "started", "health", "MoE", "imports"):
                 servers.add_column(col, overflow="fold")
             for sv in view.servers(host):
-                servers.add_row(escape(sv["id"]), sv["role"], str(sv["pid"]), sv["started"],
+                servers.add_row(escape(sv["id"]), escape(sv["role"]), escape(sv["pid"]),
+                                escape(sv["started"]),
                                 escape(sv["health"]), escape(str(sv["backend"])),
                                 escape(sv["imports"]))
             console.print(servers)
@@ -92,7 +96,7 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
             for col in columns:
                 states.add_column(escape(col))
             for row in rows:
-                states.add_row(row["patch"], *(_cell(row, col) for col in columns))
+                states.add_row(escape(row["patch"]), *(_cell(row, col) for col in columns))
             console.print(states)
             _probes(console, host)
         mine = findings.get(host["host"], [])
@@ -105,9 +109,9 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
             for col in ("status", "sev", "check", "subject", "expected", "found"):
                 checks.add_column(col, overflow="fold")
             for f in bad:
-                checks.add_row(_tag(f["status"]), f["severity"], escape(f["id"]),
-                               escape(f["subject"] + ("\n" + f["message"] if f["message"]
-                                                      else "")),
+                checks.add_row(_tag(f["status"]), escape(f["severity"]), escape(f["id"]),
+                               escape(f["subject"]) + ("\n" + escape(f["message"])
+                                                       if f["message"] else ""),
                                escape(view.short(f["expected"])), escape(view.short(f["found"])))
             console.print(checks)
         if waived:
@@ -120,7 +124,6 @@ def render(data: dict, color: bool = False, width: int | None = None) -> str:
 
 def _waived(console: Console, waived: list[dict]) -> None:
     """The host's waived findings, each with its justification (they do not count)."""
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="waived (not counted)", title_justify="left", expand=True)
@@ -128,7 +131,7 @@ def _waived(console: Console, waived: list[dict]) -> None:
         table.add_column(col, overflow="fold")
     for f in waived:
         w = f["waiver"]
-        table.add_row(_tag("waived"), w["status"], escape(f["id"]), escape(f["subject"]),
+        table.add_row(_tag("waived"), escape(w["status"]), escape(f["id"]), escape(f["subject"]),
                       escape(w["justification"]),
                       escape(f"{w['who']}, {w['expires']} ({w['file']}:{w['line']})"))
     console.print(table)
@@ -136,7 +139,6 @@ def _waived(console: Console, waived: list[dict]) -> None:
 
 def _waivers(console: Console, data: dict) -> None:
     """The waivers file the audit read: what each waiver did."""
-    from rich.markup import escape
 
     if not data.get("waivers"):
         return
@@ -148,12 +150,11 @@ def _waivers(console: Console, data: dict) -> None:
         console.print(f"  {_tag(w['state'])} {escape(w['where'])} {escape(w['id'])} on "
                       f"{escape(w['host'])} {escape(repr(w['subject']))}: "
                       f"{len(w['findings'])} finding(s), by {escape(w['who'])} until "
-                      f"{w['expires']}: {escape(w['justification'])}", soft_wrap=True)
+                      f"{escape(w['expires'])}: {escape(w['justification'])}", soft_wrap=True)
 
 
 def _probes(console: Console, host: dict) -> None:
     """The host's fidelity probes, every one (a pass is evidence too)."""
-    from rich.markup import escape
     from rich.table import Table
 
     rows = view.probes(host)
@@ -163,7 +164,7 @@ def _probes(console: Console, host: dict) -> None:
     for col in ("result", "probe", "size", "prompt", "latency", "answer", "why"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(_tag(r["mark"]), escape(r["name"]), r["size"],
-                      f"{r['sent']} words sent, {r['seen']} seen", r["latency"],
+        table.add_row(_tag(r["mark"]), escape(r["name"]), escape(r["size"]),
+                      escape(f"{r['sent']} words sent, {r['seen']} seen"), escape(r["latency"]),
                       escape(r["answer"]), escape(r["reason"]))
     console.print(table)

@@ -141,8 +141,10 @@ def waivers(data: dict) -> list[dict]:
 # ---------------------------------------------------------------- fidelity probes
 
 def probe_status(record: dict) -> str:
-    """The status of the probe's finding: an endpoint not reached is not a verdict."""
-    return "pass" if record["ok"] else "unknown" if record["unreachable"] else "fail"
+    """The status of the probe's finding (auditor.api.probe_findings' rule): an endpoint
+    not reached, or an answer with nothing to judge by, is not a verdict."""
+    return "pass" if record["ok"] else "unknown" if record["unreachable"] or record.get(
+        "inconclusive") else "fail"
 
 
 def probe_row(record: dict) -> dict:

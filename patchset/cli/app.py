@@ -161,9 +161,10 @@ def term(stderr: bool = False):
 
 
 def esc(value: Any) -> str:
-    """A value for a rich markup string: markup and control characters escaped."""
-    from rich.markup import escape
-    return escape(validate.printable(str(value)))
+    """A value for a rich markup string: markup and control characters escaped (the one
+    terminal helper, patchset/escaping.py)."""
+    from ..escaping import for_terminal
+    return for_terminal(value)
 
 
 def host_error(host: str, error: str) -> None:

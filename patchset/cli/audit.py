@@ -82,7 +82,8 @@ def trace(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           series: Optional[Path] = SeriesOpt) -> None:
     """Which patched functions ran, per server and process (patchset's tracer, started
     by deploy): per patch the targets that ran (first call) and those that did not. Exit
-    0, 1 when what ran contradicts what is declared, 3 unreachable."""
+    0, 1 when what ran contradicts what is declared, 3 unreachable, 5 nothing observed on
+    a host (no server there traced: no verdict, never a pass)."""
     from auditor import cli_support, traceview
     from patchset.errors import Exit
     s = load(series)
@@ -96,8 +97,11 @@ def trace(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         _render_trace(report, views)
     down = [h for h in report.hosts if not h.facts.reachable]
     failed = [h for h in report.hosts if h.facts.reachable and h.facts.error]
+    unseen = traceview.unobserved(report, views)
+    for host in unseen:
+        say(f"{host}: nothing observed (no traced server): trace could not judge it")
     code = Exit.combine([Exit.UNREACHABLE] * bool(down) + [Exit.FINDINGS] * bool(
-        failed or any(v.contradictions for v in views)))
+        failed or any(v.contradictions for v in views)) + [Exit.INCONCLUSIVE] * bool(unseen))
     if code:
         raise typer.Exit(code)
 

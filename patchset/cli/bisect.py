@@ -48,9 +48,10 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
            accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
            series: Optional[Path] = SeriesOpt) -> None:
     """Find the smallest change of the series that makes a failing probe pass. Exit 0 found
-    (or nothing to find), 1 no change flips it, 4 stopped or not restored, 5 (drift) some
-    suspects stay undecided (neither told from the noise nor bounded below the
-    tolerance: never cleared), 130 Ctrl-C."""
+    (or nothing to find), 1 no change flips it, 4 stopped or not restored, 5 some
+    suspects stay undecided (drift: neither told from the noise nor bounded below the
+    tolerance, never cleared; recall/needle: the probe could not judge a state), 130
+    Ctrl-C."""
     from isolate import bisect as bisector
     from isolate.probe import parse_kinds, parse_sizes, parse_url
     s = load(series)

@@ -68,8 +68,9 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
     size), or `--kind drift`: the server's numerics in logprobs (prefill vs decode, or A/B
     against a saved run), decided as above the noise, bounded below the tolerance or
     inconclusive. Exit 0 all pass / drift bounded, 1 a probe failed or a drift above the
-    noise, 3 the endpoint could not be reached, 5 the drift is inconclusive at the
-    sequences measured (it says what it would take)."""
+    noise, 3 the endpoint could not be reached, 5 a probe could not judge (no text to
+    judge by) or the drift is inconclusive at the sequences measured (it says what it
+    would take)."""
     if bool(host) == bool(url):
         raise UsageError("probe: give exactly one of HOST or --url")
     if fmt not in ("table", "json", "html"):
@@ -91,10 +92,8 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
         emit_json(report.to_json())
     else:
         _render_probe(report)
-    if report.unreachable:
-        raise typer.Exit(Exit.UNREACHABLE)
-    if not report.ok:
-        raise typer.Exit(Exit.FINDINGS)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
 def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
@@ -132,12 +131,14 @@ def _render_probe(report) -> None:
     console = term()
     console.print(f"{report.host or report.url}: {report.url}", markup=False)
     for r in report.results:
-        mark = "pass" if r.ok else "FAIL"
+        mark = "pass" if r.ok else "UNKNOWN" if r.unreachable or r.inconclusive else "FAIL"
         seen = "-" if r.prompt_tokens is None else str(r.prompt_tokens)
         console.print(f"  {mark} {r.name:<12} sent {r.words_sent} words, server saw {seen} "
                       f"tokens, {r.latency_ms:.0f} ms, answer {r.answer[:40]!r}: {r.reason}",
                       markup=False)
-    say(f"{sum(r.ok for r in report.results)}/{len(report.results)} probes passed")
+    unjudged = sum(r.unreachable or r.inconclusive for r in report.results)
+    say(f"{sum(r.ok for r in report.results)}/{len(report.results)} probes passed"
+        + (f", {unjudged} could not judge" if unjudged else ""))
 
 
 # ---------------------------------------------------------------- export / import

@@ -145,8 +145,8 @@ def _guard_line(g) -> str:
 
 def _render_check(report) -> None:
     console = term()
-    console.print(f"manifest {report.manifest}: valid")
-    console.print(f"base {report.base}")
+    console.print(f"manifest {esc(report.manifest)}: valid")
+    console.print(f"base {esc(report.base)}")
     bad = [p for p in report.preimages if not p.ok]
     console.print(f"pre-images: {len(report.preimages) - len(bad)}/{len(report.preimages)} "
                   "match the pin")

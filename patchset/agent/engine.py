@@ -274,6 +274,7 @@ class Target:
         if read_only and not (self.meta / "lock").exists():
             yield
             return
+        refuse_links(self, [])                  # .patchset itself must not be a link
         self.meta.mkdir(exist_ok=True)
         handle = open(self.meta / "lock", "a+")
         try:

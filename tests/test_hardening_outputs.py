@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from deploy.local import LocalTransport
+from hostutil import cli
 from patchset import api
 from patchset.agent import safewrite
-from patchset.cli import main
 from patchset.cli.app import write_output
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan
@@ -34,12 +34,6 @@ from patchset.upstream import materialize
 from seriesfactory import CHAT
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def char_device(where: Path) -> Path:
@@ -72,7 +66,7 @@ def test_audit_output_to_a_char_device_passes_the_option_check(tmp_path: Path,
     """`-o DEVICE` is accepted (the check would refuse it before contacting a host): the
     refusal seen is the unknown host's, never the output's."""
     dev = char_device(tmp_path)
-    code, out, err = run(capsys, "audit", "no-such-host.invalid", "-o", str(dev))
+    code, out, err = cli(capsys, "audit", "no-such-host.invalid", "-o", str(dev))
     assert "not a regular file" not in err
     assert stat.S_ISCHR(os.lstat(dev).st_mode)
 
@@ -125,7 +119,7 @@ def test_output_that_is_not_a_file_is_refused_before_any_host(kind: str, tmp_pat
         sock.bind(str(out_path))
         sock.close()
     before = (listing(tmp_path), os.lstat(out_path).st_mode)
-    code, out, err = run(capsys, "audit", "no-such-host.invalid", "-o", str(out_path))
+    code, out, err = cli(capsys, "audit", "no-such-host.invalid", "-o", str(out_path))
     assert code == 2, err
     assert "not a regular file" in err and "Traceback" not in err
     assert (listing(tmp_path), os.lstat(out_path).st_mode) == before
@@ -212,7 +206,7 @@ def test_export_force_never_writes_through_planted_links(series_dir: Path, tmp_p
     (dest / "chat-a.patch").symlink_to(outside / "victim")
     (dest / "series").symlink_to(outside / "created-by-link")
     before = listing(dest)
-    code, out, err = run(capsys, "export", "--quilt", str(dest), "--force")
+    code, out, err = cli(capsys, "export", "--quilt", str(dest), "--force")
     assert code == 2, err
     assert "symbolic link" in err and "Traceback" not in err
     assert (outside / "victim").read_text() == "precious\n"
@@ -225,7 +219,7 @@ def test_export_force_replaces_regular_files(series_dir: Path, tmp_path: Path,
     dest = tmp_path / "quilt"
     dest.mkdir()
     (dest / "chat-a.patch").write_text("stale\n")
-    code, out, err = run(capsys, "export", "--quilt", str(dest), "--force")
+    code, out, err = cli(capsys, "export", "--quilt", str(dest), "--force")
     assert code == 0, err
     assert (dest / "chat-a.patch").read_bytes() == (series_dir / "patches/chat-a.patch").read_bytes()
     assert not [n for n in listing(dest) if n.startswith(".")]

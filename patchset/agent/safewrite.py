@@ -25,6 +25,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TMP_PREFIX = ".patchset-tmp-"
@@ -56,33 +57,37 @@ def remove_file(path: str | Path, root: str | Path) -> None:
     """Remove the regular file `path` under `root` (absent is fine), then its directories
     that this leaves empty, up to `root` (as `git apply` does for a deleted file)."""
     path = Path(path)
-    try:
-        dirfd = open_parent(path, root, make=False)
-    except FileNotFoundError:
-        return
-    try:
-        _refuse_other(dirfd, path)
+    with _checked_parent(path, root) as dirfd:
+        if dirfd is None:
+            return
         try:
             os.unlink(path.name, dir_fd=dirfd)
         except FileNotFoundError:
             return
         os.fsync(dirfd)
-    finally:
-        os.close(dirfd)
-    _remove_empty_dirs(Path(path).parent, Path(root))
+    _remove_empty_dirs(path.parent, Path(root))
 
 
 def check_beneath(path: str | Path, root: str | Path) -> None:
     """Refuse (RefusedPath) where `path` under `root` is reached through a link or is not
     a regular file; absent directories and an absent file are fine. Writes nothing: the
     engine asks it of every file before a transaction, so a refusal changes nothing."""
-    path = Path(path)
+    with _checked_parent(Path(path), root):
+        pass
+
+
+@contextlib.contextmanager
+def _checked_parent(path: Path, root: str | Path) -> Iterator[int | None]:
+    """`path`'s directory under `root`, reached without links, once `path` is known to be
+    a regular file or absent; None where the directory itself is absent."""
     try:
         dirfd = open_parent(path, root, make=False)
     except FileNotFoundError:
+        yield None
         return
     try:
         _refuse_other(dirfd, path)
+        yield dirfd
     finally:
         os.close(dirfd)
 

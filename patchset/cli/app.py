@@ -603,7 +603,7 @@ def _unexpected(exc: BaseException) -> int:
     log = data_home() / "debug.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(redact_text(traceback.format_exc()))
     except OSError:

@@ -860,7 +860,7 @@ def _install(target: Target, dest: Path, source: Path, blob: str | None) -> None
         raise EngineError(f"staged {source} does not match the journal; the transaction "
                           "cannot be finished: restore the tree from the pin")
     mode = dest.stat().st_mode & 0o7777 if dest.is_file() else 0o644
-    safewrite.write_file(dest, data, mode, root=target.root)
+    safewrite.write_file(dest, data, mode, root=target.root, durable=False)
 
 
 def recover(target: Target) -> dict | None:

@@ -259,3 +259,22 @@ def test_apply_refuses_a_linked_state_directory(series_dir: Path, pinned_base,
     [result] = api.apply(series, plan(series, Selection(tier="safe")), [LocalTransport(tree)])
     assert not result.ok and result.exit_code == 2, result.error
     assert chat.read_bytes() == before and not (elsewhere / "state.json").exists()
+
+
+def test_staged_writes_refuse_links_and_leave_nothing(tmp_path: Path) -> None:
+    """The rebase's several files: staged beside their targets, a planted link refused,
+    the staged ones discarded without a trace, nothing in place before the commits."""
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "a.patch").write_text("old a\n")
+    (tmp_path / "outside").write_text("precious\n")
+    (tmp_path / "patches" / "b.patch").symlink_to(tmp_path / "outside")
+    first = safewrite.stage(tmp_path / "patches" / "a.patch", b"new a\n", tmp_path)
+    assert (tmp_path / "patches" / "a.patch").read_text() == "old a\n"
+    with pytest.raises(safewrite.RefusedPath, match="symbolic link"):
+        safewrite.stage(tmp_path / "patches" / "b.patch", b"new b\n", tmp_path)
+    safewrite.discard(first)
+    assert listing(tmp_path / "patches") == ["a.patch", "b.patch"]
+    assert (tmp_path / "outside").read_text() == "precious\n"
+    safewrite.commit(safewrite.stage(tmp_path / "patches" / "a.patch", b"new a\n", tmp_path))
+    assert (tmp_path / "patches" / "a.patch").read_text() == "new a\n"
+    assert listing(tmp_path / "patches") == ["a.patch", "b.patch"]

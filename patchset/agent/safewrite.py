@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 TMP_PREFIX = ".patchset-tmp-"
@@ -53,6 +53,42 @@ def write_file(path: str | Path, data: bytes, mode: int = 0o644, *,
         _replace(dirfd, path.name, data, mode, owner_root, durable)
     finally:
         os.close(dirfd)
+
+
+class Staged(NamedTuple):
+    """A file's complete new content beside it under a temporary name (stage)."""
+    path: Path
+    dirfd: int
+    temp: str
+
+
+def stage(path: str | Path, data: bytes, root: str | Path, mode: int = 0o644) -> Staged:
+    """write_file in two steps, for several files that change together (a rebase): stage
+    each, then commit each, or discard them all if one cannot be staged; nothing is in
+    place before the commits."""
+    path = Path(path)
+    dirfd = open_parent(path, root, make=True)
+    try:
+        _refuse_other(dirfd, path)
+        return Staged(path, dirfd, _named_temp(dirfd, data, mode, False, True))
+    except BaseException:
+        os.close(dirfd)
+        raise
+
+
+def commit(staged: Staged) -> None:
+    """Put a staged file in place (one rename)."""
+    try:
+        os.replace(staged.temp, staged.path.name, src_dir_fd=staged.dirfd,
+                   dst_dir_fd=staged.dirfd)
+        os.fsync(staged.dirfd)
+    finally:
+        os.close(staged.dirfd)
+
+
+def discard(staged: Staged) -> None:
+    _unlink_quietly(staged.temp, staged.dirfd)
+    os.close(staged.dirfd)
 
 
 def remove_file(path: str | Path, root: str | Path) -> None:
@@ -209,8 +245,21 @@ def _is_stream(mode: int) -> bool:
 
 def _replace(dirfd: int, name: str, data: bytes, mode: int, owner_root: bool,
              durable: bool) -> None:
-    """Write an unnamed file in `dirfd`, name it, rename it over `name`; nothing left
-    behind on any error (a kill can leave a named temp only between link and rename)."""
+    """`data` under a fresh name beside `name`, renamed over it; nothing left behind on
+    any error (a kill can leave the temp only between its naming and the rename)."""
+    tmp = _named_temp(dirfd, data, mode, owner_root, durable)
+    try:
+        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException:
+        _unlink_quietly(tmp, dirfd)
+        raise
+    if durable:
+        os.fsync(dirfd)
+
+
+def _named_temp(dirfd: int, data: bytes, mode: int, owner_root: bool, durable: bool) -> str:
+    """A complete file in `dirfd` under a fresh temporary name: written unnamed, named
+    only once whole (or a named one, removed on any error, without O_TMPFILE)."""
     fd, tmp = _temp(dirfd)
     try:
         if owner_root and os.geteuid() == 0:
@@ -219,16 +268,13 @@ def _replace(dirfd: int, name: str, data: bytes, mode: int, owner_root: bool,
         _write_all(fd, data)
         if durable:
             os.fsync(fd)
-        if tmp is None:
-            tmp = _link_temp(fd, dirfd)
-        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        tmp = None
-        if durable:
-            os.fsync(dirfd)
-    finally:
-        os.close(fd)
+        return tmp if tmp is not None else _link_temp(fd, dirfd)
+    except BaseException:
         if tmp is not None:
             _unlink_quietly(tmp, dirfd)
+        raise
+    finally:
+        os.close(fd)
 
 
 def _temp(dirfd: int) -> tuple[int, str | None]:

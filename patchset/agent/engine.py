@@ -178,8 +178,8 @@ class Target:
             text = exclude.read_text() if exclude.exists() else ""
             if f"/{META}/" not in text.split("\n"):
                 exclude.parent.mkdir(parents=True, exist_ok=True)
-                exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n")
-                                   + f"/{META}/\n")
+                safewrite.write_file(exclude, (text + ("" if text.endswith("\n") or not text
+                                                       else "\n") + f"/{META}/\n").encode())
 
     # content store: git objects on a git tree, .patchset/objects on a plain one
     def read_blob(self, blob: str) -> bytes:

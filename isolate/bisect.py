@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from patchset import api
-from patchset.agent import engine
+from patchset.agent import engine, safewrite
 from patchset.agent.records import StatusRecord
 from patchset.transport import Transport
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
@@ -741,7 +741,6 @@ def save(report: BisectReport, path: Path | None = None) -> Path:
         path = Path(state) / "patchset" / "bisect" / f"{report.host}-{report.id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     report.saved = str(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    safewrite.write_file(path, (json.dumps(report.to_json(), indent=2, sort_keys=True)
+                                + "\n").encode(), 0o644, streams=True)
     return path

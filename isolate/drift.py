@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
+
+from patchset.agent import safewrite
 
 from . import conversations as convs
 from .driftdecide import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE, Decision, Paired, decide
@@ -456,11 +457,7 @@ def noise(run: DriftRun) -> list[float]:
 
 def save_run(run: DriftRun, path: Path) -> None:
     """Atomically, 0600: a run holds the prompts' token ids (the shipped text), no keys."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(run.to_json(), handle)
-    os.replace(tmp, path)
+    safewrite.write_file(path, json.dumps(run.to_json()).encode(), 0o600, streams=True)
 
 
 def load(path: Path) -> DriftRun:

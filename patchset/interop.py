@@ -20,6 +20,7 @@ from datetime import date
 from pathlib import Path
 
 from . import inputfile, patchfile
+from .agent import safewrite
 from .errors import ManifestError, UsageError
 from .model import PATHS, TIERS, Series
 
@@ -111,14 +112,15 @@ def export_quilt(series: Series, dest: Path, force: bool = False) -> ExportResul
     if dest.is_dir() and any(dest.iterdir()) and not force:
         raise UsageError(f"--quilt {dest}: directory is not empty (pass --force to write "
                          "over it)")
+    names = [f"{patch.name}.patch" for patch in series.patches]
+    for name in [*names, "series"]:         # a link or a directory there: nothing written
+        safewrite.check_beneath(dest / name, dest)
     dest.mkdir(parents=True, exist_ok=True)
-    names = []
-    for patch in series.patches:
-        target = dest / f"{patch.name}.patch"
-        shutil.copyfile(Path(series.root) / patch.file, target)
-        names.append(target.name)
+    for patch, name in zip(series.patches, names):
+        data = (Path(series.root) / patch.file).read_bytes()
+        safewrite.write_file(dest / name, data, root=dest)
     series_file = dest / "series"
-    _write_atomic(series_file, "".join(f"{n}\n" for n in names))
+    _write_atomic(series_file, "".join(f"{n}\n" for n in names), dest)
     return ExportResult(directory=str(dest), series_file=str(series_file), patches=names)
 
 
@@ -439,10 +441,11 @@ def write_entries(series: Series, built: list[_Built]) -> ImportResult:
             (check / b.entry.file).write_text(b.text, encoding="utf-8")
         (check / manifest.name).write_text(new_manifest, encoding="utf-8")
         load_series(check / manifest.name)
-    (root / "patches").mkdir(exist_ok=True)
+    for path in [*(root / b.entry.file for b in built), manifest]:
+        safewrite.check_beneath(path, root)
     for b in built:
-        _write_atomic(root / b.entry.file, b.text)
-    _write_atomic(manifest, new_manifest)
+        _write_atomic(root / b.entry.file, b.text, root)
+    _write_atomic(manifest, new_manifest, root)
     return ImportResult(manifest=str(manifest), patches=[b.entry for b in built])
 
 
@@ -478,10 +481,9 @@ def _read_text(file: Path) -> str:
     return inputfile.read_text(file, inputfile.PATCH_LIMIT, "patch file")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _write_atomic(path: Path, text: str, root: Path) -> None:
+    """Whole, inside `root`, never through a link planted there (safewrite)."""
+    safewrite.write_file(path, text.encode("utf-8"), root=root)
 
 
 def hermetic_git_env() -> dict[str, str]:

@@ -216,6 +216,7 @@ def _check_file_header(line: str, number: int, file: str) -> None:
     for prefix in ("new file mode ", "deleted file mode ", "old mode ", "new mode "):
         if line.startswith(prefix):
             _check_mode(line[len(prefix):], number, file)
+    _check_mode_change(line, number, file)
     if line.startswith("diff --git "):
         words = line.split(" ")[2:]
         if len(words) == 2 and words[0][2:] != words[1][2:]:
@@ -229,6 +230,21 @@ def _check_mode(mode: str | None, number: int, file: str) -> None:
     if mode is not None and mode not in ("100644", "100755"):
         raise ManifestError(file, number, "diff.mode", f"file mode {mode!r} is not "
                             "supported (only regular files: 100644, 100755)")
+
+
+def _check_mode_change(line: str, number: int, file: str) -> None:
+    """A file's mode is kept, never set: the switch writes each file with the mode it has
+    (a new one 0644), and a plain tree records no modes to restore. So a mode change, or
+    an executable file created or deleted, could not apply and revert exactly: refused
+    here, where every command that reads the series sees it. Deleting or creating a
+    regular 100644 file is supported (the engine removes and restores it exactly)."""
+    if line.startswith(("old mode ", "new mode ")):
+        raise ManifestError(file, number, "diff.mode", "mode changes are not supported "
+                            "(a patch changes content only; drop the old/new mode lines)")
+    if line in ("new file mode 100755", "deleted file mode 100755"):
+        raise ManifestError(file, number, "diff.mode", f"{_quote(line)}: creating or "
+                            "deleting an executable file is not supported (its mode could "
+                            "not be restored exactly)")
 
 
 def _quote(line: str) -> str:

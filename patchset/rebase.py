@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from . import api, guards, interop, pinrules
+from .agent import safewrite
 from .errors import Exit, PatchsetError, UsageError
 from .manifest import load_series
 from .model import Patch, Series, UpstreamPin
@@ -416,22 +417,21 @@ def _validate(series: Series, plan: _Plan, new_base: BaseTree) -> None:
 
 def _write(root: Path, plan: _Plan) -> None:
     """Stage every file beside its target, then rename them in (the manifest last), then
-    remove the dropped patch files: a failure while staging changes nothing."""
+    remove the dropped patch files: a failure while staging changes nothing. Staged and
+    put in by safewrite: never through a link planted in the series."""
     order = sorted(plan.writes, key=lambda rel: (not rel.startswith("patches/"), rel))
-    staged: list[tuple[Path, Path]] = []
+    staged: list[safewrite.Staged] = []
     try:
         for rel in order:
-            final = root / rel
-            tmp = final.with_name(f".{final.name}.rebase.tmp")
-            staged.append((tmp, final))
-            tmp.write_bytes(plan.writes[rel])
+            staged.append(safewrite.stage(root / rel, plan.writes[rel], root))
     except OSError as exc:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise PatchsetError(f"rebase: cannot write {exc.filename}: {exc.strerror}; nothing "
+        for item in staged:
+            safewrite.discard(item)
+        where = f" {exc.filename}" if exc.filename else ""
+        raise PatchsetError(f"rebase: cannot write{where}: {exc.strerror or exc}; nothing "
                             "was changed") from None
-    for tmp, final in staged:
-        tmp.replace(final)
+    for item in staged:
+        safewrite.commit(item)
     for rel in plan.removes:
         (root / rel).unlink(missing_ok=True)
 

@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import engine, redact, tracer
+from . import engine, redact, safewrite, tracer
 from .protocol import Events
 from .records import TreeState, UnitStatus
 from .runner import unit_show
@@ -80,23 +80,10 @@ def read_text(path: str) -> str | None:
 
 
 def write_file(path: str, text: str, mode: int) -> None:
-    """Write + rename: the file appears whole, with `mode`, owned by root when we are."""
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.patchset-{os.getpid()}")
-    remove_file(str(tmp))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o600)
-    try:
-        if os.geteuid() == 0:
-            os.fchown(fd, 0, 0)
-        os.fchmod(fd, mode)
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, dest)
+    """Whole, with `mode`, owned by root when we are; never through or over a link or
+    anything but a regular file (safewrite)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    safewrite.write_file(path, text.encode("utf-8"), mode, owner_root=True)
 
 
 def insecure(spec: dict) -> list[dict]:
@@ -576,9 +563,10 @@ def previous_spec(spec: dict, unit_text: str | None) -> dict:
 def record(request: dict, actions: dict) -> None:
     with contextlib.suppress(OSError):
         Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
-        engine.write_json(Path(RECORD_DIR) / "last.json",
-                          {"time": engine.now(), "tree": request["tree"], "actions": actions,
-                           "tool_version": request.get("tool_version")})
+        write_file(str(Path(RECORD_DIR) / "last.json"), json.dumps(
+            {"time": engine.now(), "tree": request["tree"], "actions": actions,
+             "tool_version": request.get("tool_version")}, indent=2, sort_keys=True) + "\n",
+            0o644)
 
 
 # ---------------------------------------------------------------- entry points

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from . import gitobjects, staleness
+from . import gitobjects, safewrite, staleness
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
                       TreeState, UnitStatus, now_stamp)
 
@@ -65,18 +65,13 @@ def file_blob(path: Path) -> str | None:
     return blob_id(path.read_bytes()) if path.is_file() else None
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def write_atomic(path: Path, data: bytes, root: Path) -> None:
+    """Whole or not at all, only inside `root` and never through a link (safewrite)."""
+    safewrite.write_file(path, data, root=root)
 
 
-def write_json(path: Path, value: Any) -> None:
-    write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+def write_json(path: Path, value: Any, root: Path) -> None:
+    write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode(), root)
 
 
 def read_json(path: Path) -> Any:
@@ -86,14 +81,6 @@ def read_json(path: Path) -> Any:
         return None
     except ValueError as exc:
         raise EngineError(f"{path} is corrupt ({exc}); move it aside and re-apply") from None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def crash_point(label: str) -> None:
@@ -191,8 +178,8 @@ class Target:
             text = exclude.read_text() if exclude.exists() else ""
             if f"/{META}/" not in text.split("\n"):
                 exclude.parent.mkdir(parents=True, exist_ok=True)
-                exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n")
-                                   + f"/{META}/\n")
+                safewrite.write_file(exclude, (text + ("" if text.endswith("\n") or not text
+                                                       else "\n") + f"/{META}/\n").encode())
 
     # content store: git objects on a git tree, .patchset/objects on a plain one
     def read_blob(self, blob: str) -> bytes:
@@ -213,7 +200,7 @@ class Target:
         path = self.meta / "objects" / blob[:2] / blob[2:]
         if not path.exists():
             path.parent.mkdir(exist_ok=True)
-            write_atomic(path, data)
+            write_atomic(path, data, self.root)
         return blob
 
     def git_paths(self) -> dict[str, Any]:
@@ -287,6 +274,7 @@ class Target:
         if read_only and not (self.meta / "lock").exists():
             yield
             return
+        refuse_links(self, [])                  # .patchset itself must not be a link
         self.meta.mkdir(exist_ok=True)
         handle = open(self.meta / "lock", "a+")
         try:
@@ -294,7 +282,7 @@ class Target:
             if not read_only:
                 write_json(self.meta / "lock.json", {"pid": os.getpid(),
                                                      "host": os.uname().nodename,
-                                                     "op": op, "since": now()})
+                                                     "op": op, "since": now()}, self.root)
             yield
         finally:
             handle.close()
@@ -810,7 +798,7 @@ def switch(target: Target, journal: dict) -> None:
     for number, (path, change) in enumerate(sorted(journal["files"].items())):
         dest = target.disk(path)
         if file_blob(dest) != change["new"]:
-            _install(dest, staged / path, change["new"])
+            _install(target, dest, staged / path, change["new"])
         crash_point(f"file:{number}")
     if journal.get("new_head"):
         head = target.head()
@@ -819,7 +807,7 @@ def switch(target: Target, journal: dict) -> None:
             target.moved_head(journal["new_head"])
         crash_point("ref")
         reset_index(target, sorted(journal["files"]), journal["new_head"])
-    write_json(target.state_file, journal["state"])
+    write_json(target.state_file, journal["state"], target.root)
     crash_point("state")
     target.journal_file.unlink()
     shutil.rmtree(target.meta / "txn", ignore_errors=True)
@@ -860,20 +848,19 @@ def _known_listing(target: Target, disk: list[str], head: str) -> list[str] | No
     return [f"{e[0]} blob {e[1]}\t{p}" for p, e in entries.items() if e is not None]
 
 
-def _install(dest: Path, source: Path, blob: str | None) -> None:
+def _install(target: Target, dest: Path, source: Path, blob: str | None) -> None:
+    """One file of the switch, by safewrite's rules: reached from the root without a
+    link, replaced whole keeping its mode (a new one 0644), removed with the directories
+    that leaves empty (as git removes them), so a revert of a creation is exact."""
     if blob is None:
-        dest.unlink(missing_ok=True)
+        safewrite.remove_file(dest, target.root)
         return
     data = source.read_bytes()
     if blob_id(data) != blob:
         raise EngineError(f"staged {source} does not match the journal; the transaction "
                           "cannot be finished: restore the tree from the pin")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    mode = dest.stat().st_mode & 0o7777 if dest.exists() else 0o644
-    tmp = dest.with_name(f".{dest.name}.patchset-new")
-    tmp.write_bytes(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, dest)
+    mode = dest.stat().st_mode & 0o7777 if dest.is_file() else 0o644
+    safewrite.write_file(dest, data, mode, root=target.root, durable=False)
 
 
 def recover(target: Target) -> dict | None:
@@ -898,6 +885,7 @@ def recover(target: Target) -> dict | None:
 def transition(target: Target, request: dict, desired: list[dict], bundle: Path) -> dict:
     """Move the target from its current state to base + `desired` (in order)."""
     state = target.state()
+    refuse_links(target, _written(state, request, desired))
     refuse_if_dirty(target, state, _written(state, request, desired))
     base_files = _base_files(target, state, request)
     current = [(a.name, a.sha256) for a in state.applied] if state else []
@@ -924,10 +912,21 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
     except BaseException:
         staging.remove()
         raise
-    write_json(target.journal_file, journal)
+    write_json(target.journal_file, journal, target.root)
     crash_point("journal")
     switch(target, journal)
     return _result(target, new_state, changed=True, before=current)
+
+
+def refuse_links(target: Target, paths: list[str]) -> None:
+    """Before anything is written: every file a transition writes, and its state, must be
+    reached from the root without a link and be a regular file or absent; a tree with a
+    linked directory inside would have the patch written wherever the link points."""
+    try:
+        for path in [target.state_file, *(target.disk(p) for p in paths)]:
+            safewrite.check_beneath(path, target.root)
+    except safewrite.RefusedPath as exc:
+        raise EngineError(f"target {target.root}: {exc} (nothing was changed)", "usage") from None
 
 
 def _written(state: TreeState | None, request: dict, desired: list[dict]) -> list[str]:
@@ -996,7 +995,7 @@ def _journal(target: Target, request: dict, state: TreeState | None, desired: li
 def _keep_patch_copy(target: Target, spec: dict, staging: Staging) -> None:
     dest = target.meta / "patches" / f"{spec['sha256']}.patch"
     if not dest.exists():
-        write_atomic(dest, Path(spec["_source"]).read_bytes())
+        write_atomic(dest, Path(spec["_source"]).read_bytes(), target.root)
 
 
 def _result(target: Target, state: TreeState, changed: bool, before: list) -> dict:
@@ -1099,7 +1098,7 @@ def op_bisect_mark(target: Target, request: dict, bundle: Path) -> dict:
                           f"{current.get('started')} by {current.get('by')}) is unfinished "
                           f"on {target.root}", "bisect_pending", json.dumps(current, sort_keys=True))
     target.ensure_meta()
-    write_json(target.bisect_file, record)
+    write_json(target.bisect_file, record, target.root)
     return {"bisect": record}
 
 

@@ -15,11 +15,12 @@ keeps.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import zlib
 from pathlib import Path
 from typing import Callable
+
+from . import safewrite
 
 TREE_MODE = "40000"
 Entry = tuple[str, str]                      # (mode, hex object id) of one tree entry
@@ -41,7 +42,6 @@ class Repository:
         self.objects = objects
         self.algorithm = algorithm
         self._batch = batch
-        self._fanout: set[str] | None = None      # objects/xx/ directories that exist
 
     # ------------------------------------------------------------ writing
     def write(self, kind: str, data: bytes) -> str:
@@ -49,21 +49,10 @@ class Repository:
         raw = b"%s %d\0" % (kind.encode(), len(data)) + data
         oid = hashlib.new(self.algorithm, raw).hexdigest()
         path = self.objects / oid[:2] / oid[2:]
-        if not path.exists():
-            self._directory(oid[:2])
-            tmp = path.with_name(f"tmp_obj_{os.getpid()}_{oid[2:10]}")
-            tmp.write_bytes(zlib.compress(raw, 1))     # git's core.looseCompression default
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, path)
+        if not path.exists():                          # git's core.looseCompression default
+            safewrite.write_file(path, zlib.compress(raw, 1), 0o444, root=self.objects,
+                                 durable=False)
         return oid
-
-    def _directory(self, name: str) -> None:
-        """mkdir costs 0.1 ms even when the directory is there: ask the disk once."""
-        if self._fanout is None:
-            self._fanout = set(os.listdir(self.objects))
-        if name not in self._fanout:
-            (self.objects / name).mkdir(exist_ok=True)
-            self._fanout.add(name)
 
     def write_tree(self, tree: Tree) -> str:
         def order(name: str) -> bytes:

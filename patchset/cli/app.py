@@ -20,6 +20,7 @@ import typer
 import typer.main
 
 from .. import validate
+from ..agent import safewrite
 from ..errors import Exit, PatchsetError, UsageError
 
 if TYPE_CHECKING:              # annotations only: --help never needs the data model
@@ -389,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:          # `patchset list | head`: the reader has what it wanted
         _quiet_stdout()
         return Exit.OK
+    except safewrite.RefusedPath as exc:   # an output path patchset will not write
+        error_line(str(exc))
+        return Exit.BAD_INPUT
     except OSError as exc:   # the machine refused: stdout not writable, a file unreadable
         where = "cannot write output" if exc.filename is None else str(exc.filename)
         error_line(f"{where}: {exc.strerror or exc}")
@@ -551,26 +555,22 @@ def _quiet_stdout() -> None:
 
 
 def output_file(value: Optional[Path]) -> Optional[Path]:
-    """An `-o FILE` option: a file in an existing directory, checked before any host is
-    contacted (a typo in the path must not cost a whole audit or bisect)."""
+    """An `-o FILE` option: a regular file (or none yet) in an existing directory, or a
+    stream (/dev/null, a FIFO) to write into, checked before any host is contacted (a typo
+    in the path must not cost a whole audit or bisect); safewrite's rules."""
     if value is None:
         return None
-    if value.is_dir():
-        raise typer.BadParameter(f"{validate.printable(str(value))} is a directory")
-    if not value.parent.is_dir():
-        raise typer.BadParameter(f"{validate.printable(str(value.parent))} is not an "
-                                 "existing directory")
+    try:
+        safewrite.check_output(value)
+    except safewrite.RefusedPath as exc:
+        raise typer.BadParameter(validate.printable(str(exc))) from None
     return value
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """A report file appears whole or not at all (a reader never sees half of it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def write_output(path: Path, text: str) -> None:
+    """A report file appears whole or not at all (a reader never sees half of it); a
+    stream is written into (safewrite)."""
+    safewrite.write_file(path, text.encode("utf-8"), 0o644, streams=True)
 
 
 def check_arguments(args: list[str]) -> None:
@@ -617,7 +617,7 @@ def _unexpected(exc: BaseException) -> int:
     log = data_home() / "debug.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(redact_text(traceback.format_exc()))
     except OSError:

@@ -11,7 +11,7 @@ import typer
 
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, JsonOpt, NoWaiversOpt,
                   ProbeTimeoutOpt, SeriesOpt, TargetOpt, WaiversOpt, app, emit_json, esc,
-                  host_error, load, term, output_file, resolver_for, say, write_atomic)
+                  host_error, load, term, output_file, resolver_for, say, write_output)
 
 
 
@@ -64,7 +64,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:
-        write_atomic(output, text)
+        write_output(output, text)
         say(f"{cli_support.summary_line(data)}; report written to {output}")
     else:
         sys.stdout.write(text)

@@ -7,7 +7,8 @@ process. Keeping the whole transaction on the host is what makes it atomic and o
 trip.
 
 A transaction never touches the tree until the result is fully built off to the side:
-  1. lock the target; finish any transaction a kill interrupted (journal roll-forward);
+  1. lock the target; repair what a kill left: stale git locks, then any transaction a
+     kill interrupted (journal roll-forward); see "recovery" below;
   2. refuse a dirty tree (hand edits are never lost) or a tree that is not the pinned base;
   3. rebuild every touched file from the base plus the desired patches in a staging dir,
      checking each file's pre-image and post-image blob ids (zero fuzz, no silent no-op);
@@ -949,7 +950,8 @@ def next_step(target: Target, plan: Recovery) -> str:
     """What the next apply or revert does about `plan`, in the words status shows."""
     why = refusal(target, plan)
     if plan.busy:
-        return f"the next apply or revert waits up to {GIT_WAIT:g}s for it, then: {why}"
+        return (f"the next apply or revert waits up to {GIT_WAIT:g}s, then refuses while "
+                f"it still runs: {why}")
     if why:
         return f"the next apply or revert refuses: {why}"
     steps = []
@@ -980,12 +982,8 @@ def interrupted(target: Target, plan: Recovery) -> dict | None:
 def recover(target: Target) -> dict | None:
     """Under the engine's lock: clear stale git locks (logged), then finish a transaction
     a kill interrupted; refuse while a git process works in the tree (after GIT_WAIT) or
-    if someone edited the journal's files since."""
-    plan = recovery_plan(target)
-    deadline = time.monotonic() + GIT_WAIT
-    while plan.busy and time.monotonic() < deadline:
-        time.sleep(0.1)
-        plan = recovery_plan(target)
+    if someone edited the journal's files since. What was done, or None."""
+    plan = _settled_plan(target)
     why = refusal(target, plan)
     if why:
         raise why
@@ -998,23 +996,47 @@ def recover(target: Target) -> dict | None:
         switch(target, plan.journal)
     if plan.journal is None and not plan.stale:
         return None
+    target.recovered = _done(plan)
+    _log_recovery(target, target.recovered)
+    return target.recovered
+
+
+def _settled_plan(target: Target) -> Recovery:
+    """recovery_plan, once no live git works in the tree, or after GIT_WAIT seconds."""
+    plan = recovery_plan(target)
+    deadline = time.monotonic() + GIT_WAIT
+    while plan.busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+        plan = recovery_plan(target)
+    return plan
+
+
+def _done(plan: Recovery) -> dict:
+    """The record of a repair: the result's `recovered` and the recovery log's line."""
     journal = plan.journal or {}
-    after = [a["name"] for a in journal.get("state", {}).get("applied", [])]
-    done = {"op": journal.get("op"), "id": journal.get("id"), "finished": bool(journal),
+    after = {a["name"] for a in journal.get("state", {}).get("applied", [])}
+    return {"op": journal.get("op"), "id": journal.get("id"), "finished": bool(journal),
             "removed": [n for n in journal.get("before", []) if n not in after],
             "stale_git_locks": [str(p) for p in plan.stale]}
-    target.recovered = done
-    _log_recovery(target, done)
-    return done
 
 
 def _log_recovery(target: Target, done: dict) -> None:
     """One JSON line per repair in .patchset/recovery.log: what a kill left and what was
-    done about it outlives the result line (which a dropped SSH connection loses)."""
+    done about it outlives the result line (which a dropped SSH connection loses). A log
+    that cannot be written (a link or a fifo planted there) fails nothing: the result
+    carries the same record."""
     target.meta.mkdir(exist_ok=True)
-    line = json.dumps({"time": now(), "pid": os.getpid(), **done}, sort_keys=True)
-    with open(target.meta / RECOVERY_LOG, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    line = json.dumps({"time": now(), "pid": os.getpid(), **done}, sort_keys=True) + "\n"
+    try:
+        fd = os.open(target.meta / RECOVERY_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                     | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):     # never through a link or into a fifo
+            os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- operations

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -46,9 +46,9 @@ class GitKill:
 
     def arm(self, at: int, mode: str = "engine") -> None:
         """Kill at call `at` (0: count the calls, kill none)."""
-        for name in ("count", "calls", "landed", "held", "hooks"):
-            shutil.rmtree(self.ctl / name, ignore_errors=True) if name == "hooks" else \
-                (self.ctl / name).unlink(missing_ok=True)
+        shutil.rmtree(self.ctl / "hooks", ignore_errors=True)
+        for name in ("count", "calls", "landed", "held"):
+            (self.ctl / name).unlink(missing_ok=True)
         (self.ctl / "mode").write_text(mode)
         (self.ctl / "at").write_text(str(at))
 
@@ -70,14 +70,14 @@ class Tally:
     landed: int = 0
     locks: int = 0
     repaired: int = 0
-    lock_calls: set = None
+    lock_calls: set[str] = field(default_factory=set)    # the git commands killed locked
 
     def add(self, landed: str, repaired: bool) -> None:
         self.landed += 1
         self.repaired += repaired
         if landed.endswith("\tlock"):
             self.locks += 1
-            self.lock_calls = (self.lock_calls or set()) | {landed.split()[0]}
+            self.lock_calls.add(landed.split()[0])
 
 
 # ---------------------------------------------------------------- the exact tree
@@ -170,10 +170,10 @@ def test_a_kill_at_every_git_child_is_repaired_by_the_next_command(
             assert got == intended, (mode, call, landed)
             assert not api.status(series, transport).record.interrupted
     print(f"\n{op}: {tally.landed} kills landed at {total} git children x 2 modes, "
-          f"{tally.locks} holding a git lock ({sorted(tally.lock_calls or ())}), "
+          f"{tally.locks} holding a git lock ({sorted(tally.lock_calls)}), "
           f"{tally.repaired}/{tally.landed} repaired exactly")
     assert tally.landed == 2 * total and tally.repaired == tally.landed
-    assert {"update-index", "update-ref"} <= (tally.lock_calls or set())
+    assert {"update-index", "update-ref"} <= tally.lock_calls
 
 
 def test_status_says_what_the_next_command_does_and_it_does_it(
@@ -321,7 +321,7 @@ def test_a_kill_at_every_git_child_over_ssh_is_repaired(one_host: TestHost, remo
                 tally.add(landed, got == intended)
                 assert got == intended, (op, mode, call, landed)
         print(f"\nover ssh: {tally.landed} kills landed, {tally.locks} holding a git lock "
-              f"({sorted(tally.lock_calls or ())}), {tally.repaired}/{tally.landed} repaired")
+              f"({sorted(tally.lock_calls)}), {tally.repaired}/{tally.landed} repaired")
         assert tally.repaired == tally.landed and tally.locks >= 8
     finally:
         on_host(one_host, f"rm -rf /usr/local/bin/git {HOST_CTL}")

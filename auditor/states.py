@@ -97,8 +97,9 @@ class Evaluator:
             return self._make(patch, "not-applied", f"not applied on {where} (applied: "
                               f"{', '.join(applied) or 'none'})")
         if status.get("interrupted"):
-            return self._make(patch, "unknown", f"an interrupted {status['interrupted']['op']} "
-                              f"on {where}: the next apply or revert finishes it")
+            interrupted = status["interrupted"]
+            return self._make(patch, "unknown", f"an interrupted {interrupted['op']} on "
+                              f"{where}: {interrupted.get('next') or 'see patchset status'}")
         drifted = _drift(patch, status, applied[patch.name])
         if drifted:
             return self._make(patch, "drifted", drifted)

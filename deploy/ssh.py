@@ -202,7 +202,8 @@ class SshTransport:
                 raise self._unreachable(exc) from None
             raise
         sink.close()
-        return sink.outcome(self.host, result.exited, errors.getvalue(), request.get("op"))
+        return sink.outcome(self.host, result.exited, errors.getvalue(), request.get("op"),
+                            shell=True)
 
     def elevate(self) -> None:
         """Root through `sudo -n` from now on (the agent said it does not run as root)."""

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
-from .agent.protocol import PARTS, PROTOCOL
+from .agent.protocol import PARTS, PROTOCOL, ended, killed
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
 
 if TYPE_CHECKING:
@@ -163,16 +163,23 @@ class LineSink:
         elif line.strip():
             self.other.append(line)
 
-    def outcome(self, host: str, exited: int | None, stderr: str, op: object = None) -> dict:
+    def outcome(self, host: str, exited: int | None, stderr: str, op: object = None,
+                shell: bool = False) -> dict:
         """The result line, or TargetError saying why there is none (naming the part of
-        the agent that ran: the engine, the deploy runner, the gatherer)."""
-        if self.result is None:
-            tail = (stderr.strip().splitlines() or self.other)[-3:]
-            part = PARTS.get(str(op), "the agent")
-            raise TargetError(f"{host}: {part} exited {exited} without a result "
-                              f"({' / '.join(tail) or 'no output'}); is python3 >= 3.8 and "
-                              "git installed there?")
-        return self.result
+        the agent that ran: the engine, the deploy runner, the gatherer). A part killed by
+        a signal is reported as killed (protocol.ended; `shell`: `exited` is a remote
+        shell's status), not as a host that lacks python3 or git."""
+        if self.result is not None:
+            return self.result
+        tail = (stderr.strip().splitlines() or self.other)[-3:]
+        part = PARTS.get(str(op), "the agent")
+        output = " / ".join(tail) or "no output"
+        if killed(exited, shell):
+            raise TargetError(f"{host}: {part} {ended(exited, shell)} before it gave a "
+                              f"result ({output}); a transaction it left is repaired by "
+                              "the next command: `patchset status` says what it will do")
+        raise TargetError(f"{host}: {part} {ended(exited, shell)} without a result "
+                          f"({output}); is python3 >= 3.8 and git installed there?")
 
 
 ERROR_KINDS: dict[str, type[PatchsetError]] = {

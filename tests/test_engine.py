@@ -569,9 +569,10 @@ def test_exact_applier_never_differs_from_git_on_random_patches(tmp_path: Path) 
 
 
 def test_apply_runs_six_git_processes(pinned_base, tmp_path: Path, monkeypatch) -> None:
-    """The shipped series on a fresh tree: the engine's whole git budget (status, one
-    rev-parse, the base ref, one cat-file, HEAD, the index), the head every machine gets,
-    and an index that is HEAD's for the series' files."""
+    """The shipped series on a fresh tree: the engine's whole git budget (one rev-parse:
+    the git directories recovery looks in for stale locks, and HEAD; status, the base
+    ref, one cat-file, HEAD, the index), the head every machine gets, and an index that
+    is HEAD's for the series' files."""
     series = load_series(ROOT / "patches.yaml")
     tree = materialize(pinned_base, tmp_path / "tree", layout="git")
     calls: list[list[str]] = []
@@ -586,7 +587,7 @@ def test_apply_runs_six_git_processes(pinned_base, tmp_path: Path, monkeypatch) 
     monkeypatch.undo()
     assert result.ok, result.error
     assert result.head.startswith("3488e78a63ab")
-    assert [c[0] for c in calls] == ["status", "rev-parse", "update-ref", "cat-file",
+    assert [c[0] for c in calls] == ["rev-parse", "status", "update-ref", "cat-file",
                                      "update-ref", "update-index"], calls
     paths = sorted({f.path for p in series.patches for f in p.files})
     index = subprocess.run(["git", "ls-files", "-s", "--", *paths], cwd=tree,

@@ -261,6 +261,22 @@ def test_apply_refuses_a_linked_state_directory(series_dir: Path, pinned_base,
     assert chat.read_bytes() == before and not (elsewhere / "state.json").exists()
 
 
+def test_a_link_planted_at_the_lock_file_is_never_followed(series_dir: Path, pinned_base,
+                                                           tmp_path: Path) -> None:
+    """The engine's lock file is opened without following a link: a link planted at
+    .patchset/lock would otherwise create (or take) a file wherever it points."""
+    tree = materialize(pinned_base, tmp_path / "plain", layout="wheel")
+    (tree / ".patchset").mkdir()
+    target = tmp_path / "created-through-the-link"
+    (tree / ".patchset" / "lock").symlink_to(target)
+    chat = tree / CHAT[len("python/"):]
+    before = chat.read_bytes()
+    series = load_series(series_dir / "patches.yaml")
+    [result] = api.apply(series, plan(series, Selection(tier="safe")), [LocalTransport(tree)])
+    assert not result.ok and "lock file" in result.error, result.error
+    assert not target.exists() and chat.read_bytes() == before
+
+
 def test_staged_writes_refuse_links_and_leave_nothing(tmp_path: Path) -> None:
     """The rebase's several files: staged beside their targets, a planted link refused,
     the staged ones discarded without a trace, nothing in place before the commits."""

@@ -7,7 +7,8 @@ process. Keeping the whole transaction on the host is what makes it atomic and o
 trip.
 
 A transaction never touches the tree until the result is fully built off to the side:
-  1. lock the target; finish any transaction a kill interrupted (journal roll-forward);
+  1. lock the target; repair what a kill left: stale git locks, then any transaction a
+     kill interrupted (journal roll-forward); see "recovery" below;
   2. refuse a dirty tree (hand edits are never lost) or a tree that is not the pinned base;
   3. rebuild every touched file from the base plus the desired patches in a staging dir,
      checking each file's pre-image and post-image blob ids (zero fuzz, no silent no-op);
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 from . import gitobjects, safewrite, staleness
+from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
                       TreeState, UnitStatus, now_stamp)
 
@@ -102,13 +104,14 @@ def git(cwd: Path, *args: str, data: bytes | None = None,
                           env=git_env(env))
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise EngineError(f"git {args[0]} failed in {cwd}: {err[-1] if err else proc.returncode}",
+        why = ended(proc.returncode) if killed(proc.returncode) or not err else err[-1]
+        raise EngineError(f"git {args[0]} failed in {cwd}: {why}",
                           details=proc.stderr.decode(errors="replace"))
     return proc.stdout.decode(errors="replace")
 
 
 GIT_PATHS = ("rev-parse", "--git-path", "objects", "--git-path", "info/exclude",
-             "--show-object-format")
+             "--show-object-format", "--git-dir", "--git-common-dir")
 
 
 # ---------------------------------------------------------------- the target
@@ -128,6 +131,7 @@ class Target:
         self._git_paths: dict[str, Any] | None = None
         self._head: str | None = None           # HEAD as this operation last read or set it
         self._tree: tuple[str, dict[str, gitobjects.Entry | None]] | None = None
+        self.recovered: dict | None = None      # what this operation's recover() did
 
     def _layout(self, root: str, package: str) -> str:
         if (self.root / self.prefix / package).is_dir():
@@ -188,6 +192,9 @@ class Target:
                                   capture_output=True, env=git_env())
             if proc.returncode == 0:
                 return proc.stdout
+            if killed(proc.returncode):      # not a missing object: say what happened
+                raise EngineError(f"git cat-file failed in {self.root}: "
+                                  f"{ended(proc.returncode)}")
         path = self.meta / "objects" / blob[:2] / blob[2:]
         try:
             return path.read_bytes()
@@ -219,14 +226,15 @@ class Target:
         proc = subprocess.run(["git", *GIT_PATHS, "HEAD"], cwd=self.root,
                               capture_output=True, env=git_env())
         lines = proc.stdout.decode(errors="replace").splitlines()
-        if proc.returncode == 0 and len(lines) == 4:
+        if proc.returncode == 0 and len(lines) == 6:
             self._set_git_paths(lines)
-            self._head = lines[3].strip()
+            self._head = lines[5].strip()
 
     def _set_git_paths(self, lines: list[str]) -> None:
-        objects, exclude, algorithm = lines[:3]
+        objects, exclude, algorithm, git_dir, common = lines[:5]
         self._git_paths = {"objects": self.root / objects, "exclude": self.root / exclude,
-                           "algorithm": algorithm}
+                           "algorithm": algorithm, "git_dir": self.root / git_dir,
+                           "common_dir": self.root / common}
 
     def repository(self) -> gitobjects.Repository:
         paths = self.git_paths()
@@ -276,7 +284,7 @@ class Target:
             return
         refuse_links(self, [])                  # .patchset itself must not be a link
         self.meta.mkdir(exist_ok=True)
-        handle = open(self.meta / "lock", "a+")
+        handle = open_lock(self.meta / "lock")
         try:
             self._acquire(handle, wait)
             if not read_only:
@@ -296,6 +304,21 @@ class Target:
         info = read_json(self.meta / "lock.json") or {}
         return (f"patchset {info.get('op', '?')} (pid {info.get('pid', '?')} on "
                 f"{info.get('host', '?')}, since {info.get('since', '?')})")
+
+
+def open_lock(path: Path) -> Any:
+    """The lock file, never through a link planted at its name (a link would make the
+    engine create or open a file wherever it points), and only a regular file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        raise EngineError(f"{path}: cannot open the lock file ({exc.strerror}); a link "
+                          "there is refused: remove it") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise EngineError(f"{path} is not a regular file; remove it")
+    return os.fdopen(fd, "a+")
 
 
 def acquire_flock(handle: Any, wait: float) -> bool:
@@ -863,21 +886,159 @@ def _install(target: Target, dest: Path, source: Path, blob: str | None) -> None
     safewrite.write_file(dest, data, mode, root=target.root, durable=False)
 
 
-def recover(target: Target) -> dict | None:
-    """Finish a transaction a kill interrupted; refuse if someone edited its files since."""
+# ---------------------------------------------------------------- recovery
+#
+# A kill can land on the engine, on one of its git children, or on both: it leaves a
+# journal (the switch was under way), git lock files (a git child died holding
+# index.lock, HEAD.lock or a ref's lock), or both. Under the engine's own flock no
+# patchset git runs, so a git lock with no live git process in the tree is stale. One
+# reading of what a kill left (recovery_plan) is what the next apply or revert acts on
+# (recover) and what `status` reports (next_step): status never promises more.
+
+GIT_WAIT = 5.0          # seconds recover waits for a live git process in the tree
+RECOVERY_LOG = "recovery.log"
+
+
+class Recovery(NamedTuple):
+    journal: dict | None      # the transaction a kill interrupted: rolled forward
+    stale: list[Path]         # git lock files no live git process holds: removed
+    busy: list[str]           # live git processes in the tree: waited for, else refused
+    edited: list[str]         # the journal's files changed by hand since: refused
+
+
+def git_lock_files(target: Target) -> list[Path]:
+    """The lock files in the tree's git directories (git's `*.lock`: the index, HEAD,
+    packed-refs, config, each ref's), which a killed git leaves behind."""
+    if not target.is_git:
+        return []
+    paths = target.git_paths()
+    found: set[Path] = set()
+    for folder in {paths["git_dir"], paths["common_dir"]}:
+        found.update(folder.glob("*.lock"))
+        found.update((folder / "refs").rglob("*.lock"))
+    return sorted(found)
+
+
+def recovery_plan(target: Target) -> Recovery:
+    """What a kill left on this tree, and so what the next apply or revert does first."""
     journal = read_json(target.journal_file)
-    if journal is None:
-        shutil.rmtree(target.meta / "txn", ignore_errors=True)  # killed before the journal
+    edited = [path for path, change in sorted((journal or {}).get("files", {}).items())
+              if file_blob(target.disk(path)) not in (change["old"], change["new"])]
+    locks = git_lock_files(target)
+    busy = []
+    if locks:
+        from . import runner             # only where a lock is there to judge
+        busy = runner.git_processes(sorted({target.root, *(
+            target.git_paths()[k] for k in ("git_dir", "common_dir"))}))
+    return Recovery(journal, [] if busy else locks, busy, edited)
+
+
+def refusal(target: Target, plan: Recovery) -> EngineError | None:
+    """Why the next apply or revert cannot repair the tree, or None."""
+    if plan.busy:
+        return EngineError(f"{', '.join(plan.busy)} is working in {target.root} and may hold "
+                           f"its git locks: wait for it to finish, then run the command "
+                           "again", "locked")
+    if plan.edited:
+        path = plan.edited[0]
+        change = plan.journal["files"][path]
+        return EngineError(f"an interrupted {plan.journal['op']} left {path} changed by hand "
+                           f"since (not {change['old']} nor {change['new']}): restore it, "
+                           "then run the command again")
+    return None
+
+
+def next_step(target: Target, plan: Recovery) -> str:
+    """What the next apply or revert does about `plan`, in the words status shows."""
+    why = refusal(target, plan)
+    if plan.busy:
+        return (f"the next apply or revert waits up to {GIT_WAIT:g}s, then refuses while "
+                f"it still runs: {why}")
+    if why:
+        return f"the next apply or revert refuses: {why}"
+    steps = []
+    if plan.stale:
+        steps.append(f"clears the stale git lock(s) {_shown(target, plan.stale)} (no git "
+                     "process is working in the tree)")
+    if plan.journal:
+        steps.append("finishes it")
+    return "the next apply or revert " + " and ".join(steps)
+
+
+def _shown(target: Target, paths: list[Path]) -> str:
+    """The paths as the tree names them (.git/index.lock), absolute outside it."""
+    return ", ".join(os.path.relpath(p, target.root) if str(p).startswith(f"{target.root}/")
+                     else str(p) for p in paths)
+
+
+def interrupted(target: Target, plan: Recovery) -> dict | None:
+    """status's `interrupted`: the journal's transaction, or the stale git locks alone."""
+    if plan.journal is None and not (plan.stale or plan.busy):
         return None
-    for path, change in sorted(journal["files"].items()):
-        found = file_blob(target.disk(path))
-        if found not in (change["old"], change["new"]):
-            raise EngineError(f"an interrupted {journal['op']} left {path} changed by hand since "
-                              f"(not {change['old']} nor {change['new']}): "
-                              "restore it, then run the command again")
-    target.forget_head()    # the kill may have come before or after the HEAD update: ask git
-    switch(target, journal)
-    return {"op": journal["op"], "id": journal["id"], "finished": True}
+    journal = plan.journal or {"op": "git", "id": "no journal", "files": {}}
+    return {"op": journal["op"], "id": journal["id"], "files": len(journal["files"]),
+            "git_locks": _shown(target, plan.stale) or None,
+            "next": next_step(target, plan)}
+
+
+def recover(target: Target) -> dict | None:
+    """Under the engine's lock: clear stale git locks (logged), then finish a transaction
+    a kill interrupted; refuse while a git process works in the tree (after GIT_WAIT) or
+    if someone edited the journal's files since. What was done, or None."""
+    plan = _settled_plan(target)
+    why = refusal(target, plan)
+    if why:
+        raise why
+    for lock in plan.stale:
+        lock.unlink(missing_ok=True)
+    if plan.journal is None:
+        shutil.rmtree(target.meta / "txn", ignore_errors=True)  # killed before the journal
+    else:
+        target.forget_head()    # the kill may have come before or after the HEAD update
+        switch(target, plan.journal)
+    if plan.journal is None and not plan.stale:
+        return None
+    target.recovered = _done(plan)
+    _log_recovery(target, target.recovered)
+    return target.recovered
+
+
+def _settled_plan(target: Target) -> Recovery:
+    """recovery_plan, once no live git works in the tree, or after GIT_WAIT seconds."""
+    plan = recovery_plan(target)
+    deadline = time.monotonic() + GIT_WAIT
+    while plan.busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+        plan = recovery_plan(target)
+    return plan
+
+
+def _done(plan: Recovery) -> dict:
+    """The record of a repair: the result's `recovered` and the recovery log's line."""
+    journal = plan.journal or {}
+    after = {a["name"] for a in journal.get("state", {}).get("applied", [])}
+    return {"op": journal.get("op"), "id": journal.get("id"), "finished": bool(journal),
+            "removed": [n for n in journal.get("before", []) if n not in after],
+            "stale_git_locks": [str(p) for p in plan.stale]}
+
+
+def _log_recovery(target: Target, done: dict) -> None:
+    """One JSON line per repair in .patchset/recovery.log: what a kill left and what was
+    done about it outlives the result line (which a dropped SSH connection loses). A log
+    that cannot be written (a link or a fifo planted there) fails nothing: the result
+    carries the same record."""
+    target.meta.mkdir(exist_ok=True)
+    line = json.dumps({"time": now(), "pid": os.getpid(), **done}, sort_keys=True) + "\n"
+    try:
+        fd = os.open(target.meta / RECOVERY_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                     | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):     # never through a link or into a fifo
+            os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- operations
@@ -989,6 +1150,7 @@ def _journal(target: Target, request: dict, state: TreeState | None, desired: li
             if (data := staging.content(path)) is not None:
                 target.store_blob(data)
     return {"id": f"{int(time.time())}-{os.getpid()}", "op": request["op"], "files": files,
+            "before": state.names() if state else [],
             "old_head": target.head(), "new_head": new_head, "state": new_state.to_json()}
 
 
@@ -1014,7 +1176,9 @@ def op_revert(target: Target, request: dict, bundle: Path) -> dict:
     applied = state.applied if state else []
     names = [a.name for a in applied]
     remove = set(request["names"])
-    missing = sorted(remove - set(names))
+    # a revert the recovery just finished is this one, run again after a kill: done
+    done = set((target.recovered or {}).get("removed", ())) & remove
+    missing = sorted(remove - set(names) - done)
     if missing:
         raise EngineError(f"{', '.join(missing)} not applied on {target.root} "
                           f"(applied: {', '.join(names) or 'none'})", "usage")
@@ -1028,7 +1192,7 @@ def op_revert(target: Target, request: dict, bundle: Path) -> dict:
                     _source=str(patches / f"{a.sha256}.patch"))
                for a in applied if a.name not in remove]
     result = transition(target, request, desired, patches)
-    result["reverted"] = [n for n in names if n in remove]
+    result["reverted"] = [n for n in names if n in remove] or sorted(done)
     return result
 
 
@@ -1045,7 +1209,8 @@ def _dependents(applied: list[AppliedPatch], remove: set[str]) -> list[str]:
 def op_status(target: Target, request: dict) -> dict:
     """Read-only: never takes the lock, never repairs; says what the next command will do."""
     state = target.state()
-    journal = read_json(target.journal_file)
+    plan = recovery_plan(target)
+    journal = plan.journal
     return StatusRecord(
         target=str(target.root), kind="git" if target.is_git else "plain",
         layout=target.layout, managed=state is not None,
@@ -1060,9 +1225,7 @@ def op_status(target: Target, request: dict) -> dict:
         drift=[] if journal else drift(target, state),
         dirty=git_dirty(target),
         foreign_commits=foreign_commits(target, state) if not journal else [],
-        interrupted=({"op": journal["op"], "id": journal["id"],
-                      "files": len(journal["files"]),
-                      "next": "the next apply or revert finishes it"} if journal else None),
+        interrupted=interrupted(target, plan),
         locked_by=_lock_holder(target),
         bisect=read_json(target.bisect_file),
         interpreter=interpreter_facts(target, request.get("python")),
@@ -1334,7 +1497,7 @@ def _lock_holder(target: Target) -> str | None:
     path = target.meta / "lock"
     if not path.exists():
         return None
-    with open(path, "a+") as handle:
+    with open_lock(path) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return None

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import safewrite
+from .protocol import ended, killed
 
 TREE_MODE = "40000"
 Entry = tuple[str, str]                      # (mode, hex object id) of one tree entry
@@ -184,7 +185,9 @@ def cat_file_batch(root: Path, env: dict[str, str]) -> Callable[[list[str]],
                               input="".join(f"{n}\n" for n in names).encode(),
                               capture_output=True)
         if proc.returncode != 0:
-            raise GitError(proc.stderr.decode(errors="replace").strip() or "cat-file failed")
+            stderr = proc.stderr.decode(errors="replace").strip()
+            raise GitError(f"git cat-file {ended(proc.returncode)}"
+                           if killed(proc.returncode) or not stderr else stderr)
         return _parse_batch(proc.stdout, len(names))
     return batch
 

@@ -11,6 +11,7 @@ its errors in one place (patchset/transport.py, `raise_for`).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Any, Callable
 
@@ -21,6 +22,29 @@ UNIT_OPS = ("facts", "deploy")                                         # deploye
 GATHER_OPS = ("audit",)                                                # gather.py
 PARTS = {**{op: "the engine" for op in TREE_OPS}, **{op: "the deploy runner" for op in UNIT_OPS},
          **{op: "the gatherer" for op in GATHER_OPS}}
+
+
+def ended(code: int | None, shell: bool = False) -> str:
+    """How a process ended, from its exit status: a kill is named as a kill, never as a
+    failure to start. A signal death is a negative status from Python's subprocess, 128+N
+    from a `shell` (the remote command line of an SSH transport), and no status at all
+    over SSH when the shell exec'd the agent: OpenSSH then sends `exit-signal`, which
+    paramiko drops. (Not 128+N from git itself: git exits 129 on a usage error.)"""
+    if code is None or (shell and code == -1):
+        return "ended without an exit status (killed by a signal, or the connection dropped)"
+    number = -code if code < 0 else code - 128 if shell and 128 < code < 160 else 0
+    try:
+        name = signal.Signals(number).name if number else ""
+    except ValueError:
+        name = ""
+    if not name:
+        return f"exited {code}"
+    return f"was killed by {name}" + (f" (exit {code})" if code > 0 else "")
+
+
+def killed(code: int | None, shell: bool = False) -> bool:
+    """Did the process end by a signal (or with no status), as `ended` reads it?"""
+    return not ended(code, shell).startswith("exited ")
 
 
 def error(kind: str, message: str, details: str = "") -> dict:

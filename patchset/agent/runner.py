@@ -282,3 +282,42 @@ def readlink(path: str) -> str | None:
         return os.readlink(path)
     except OSError:
         return None
+
+
+def git_processes(dirs: list[Path]) -> list[str]:
+    """Live git processes that may be working in `dirs` (a tree and its git directories):
+    "git (pid N)" for each whose working directory or an open file is inside one, and for
+    each this user may not inspect (it might be). Zombies hold nothing and are skipped.
+    The engine's recovery (engine.recovery_plan) calls a git lock file stale, and removes
+    it, only when this finds none."""
+    roots = [str(d.resolve()) for d in dirs]
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue                              # gone meanwhile
+        comm, _, tail = stat.partition(" (")[2].rpartition(")")
+        if not (comm == "git" or comm.startswith("git-")) or tail.split()[:1] == ["Z"]:
+            continue
+        places = _open_places(int(entry))
+        if places is None:
+            out.append(f"git (pid {entry}, not inspectable by this user)")
+        elif any(p == r or p.startswith(r + "/") for p in places for r in roots):
+            out.append(f"git (pid {entry})")
+    return out
+
+
+def _open_places(pid: int) -> list[str] | None:
+    """A process's working directory and open files; None if this user may not see them."""
+    cwd = readlink(f"/proc/{pid}/cwd")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = None
+    if cwd is None or fds is None:
+        return None if Path(f"/proc/{pid}").exists() else []
+    links = (readlink(f"/proc/{pid}/fd/{fd}") for fd in fds)
+    return [cwd, *(link for link in links if link)]

@@ -92,7 +92,9 @@ class World:
             assert message.search(lines[0]), lines[0]
         else:
             assert message in lines[0], lines[0]
-        assert self.state() == before, f"{argv} changed files"
+        after = self.state()
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        assert not changed, f"{argv} changed files: {changed[:5]}"
         return lines[0]
 
 

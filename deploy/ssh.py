@@ -19,7 +19,9 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
+from patchset import inputfile
 from patchset import transport as wire
+from patchset.agent import bounded
 from patchset.errors import HostUnreachable, PatchsetError
 
 from .inventory import Host
@@ -56,6 +58,28 @@ def _policies(known_hosts: Path, accept_new: bool):
             client.get_host_keys().add(hostname, key.get_name(), key)
 
     return AcceptNew() if accept_new else RejectUnknown()
+
+
+def load_known_hosts(keys: Any, file: Path) -> None:
+    """Add `file`'s keys to paramiko HostKeys `keys`, as HostKeys.load would, from text
+    the bounded reader checked: paramiko's own `open` would block on a FIFO and read
+    /dev/zero until memory runs out. A missing file holds no keys."""
+    import paramiko
+    with inputfile.as_manifest_error():
+        try:
+            text = bounded.read_text(file, inputfile.KNOWN_HOSTS_LIMIT, "known_hosts file")
+        except bounded.Missing:
+            return
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except (paramiko.SSHException, ValueError):
+            continue                        # as HostKeys.load: a line it cannot read
+        for name in entry.hostnames if entry is not None else []:
+            keys.add(name, entry.key.get_name(), entry.key)
 
 
 def _fingerprint(key: Any) -> str:
@@ -142,8 +166,7 @@ class SshTransport:
         if user_file and not os.environ.get("PATCHSET_KNOWN_HOSTS"):
             files = [Path(os.path.expanduser(user_file.split()[0]))]
         for file in files:
-            if file.exists():
-                conn.client.load_host_keys(str(file))
+            load_known_hosts(conn.client.get_host_keys(), file)
         conn.client.set_missing_host_key_policy(_policies(files[-1], self.accept_new))
         if conn.gateway is not None and not isinstance(conn.gateway, str):
             self._secure(conn.gateway)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import http.client
 import io
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,9 +56,6 @@ class HttpResponse:
     status: int
     headers: dict[str, str]          # names lower-cased; repeated headers joined by ", "
     body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
 
 
 class HttpEndpoint(Protocol):

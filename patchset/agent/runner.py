@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from . import bounded
 from .facts import checkpoint as ck
 from .facts import procs, systemd, trace, tree
 from .facts.base import Command
@@ -43,7 +44,7 @@ def read_header(handle: BinaryIO, size: int) -> tuple[int, dict, int]:
     body = handle.read(length)
     if len(body) != length:
         raise ValueError(f"header truncated: {len(body)} of {length} bytes")
-    header = json.loads(body.decode("utf-8"))
+    header = bounded.loads(body, "safetensors header", ck.MAX_HEADER)
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return length, header, len(head) + len(body)
@@ -119,7 +120,7 @@ class Runner:
             return "\0".join(self.red.argv(text.split("\0")))
         if mode == "json":
             try:
-                return json.dumps(self.red.value(json.loads(text)))
+                return json.dumps(self.red.value(bounded.loads(text, "answer", HTTP_LIMIT)))
             except ValueError:
                 return self.red.text(text)
         return self.red.text(text)
@@ -172,9 +173,10 @@ class Runner:
         files: dict[str, Any] = {}
         for name in names[:trace.MAX_FILES]:
             try:
-                with open(os.path.join(cmd.target, name), "rb") as handle:
-                    files[name] = json.loads(handle.read(cmd.limit or trace.MAX_BYTES))
-            except (OSError, ValueError) as exc:
+                path = os.path.join(cmd.target, name)
+                files[name] = bounded.loads(bounded.read_bytes(
+                    path, cmd.limit or trace.MAX_BYTES, "trace record"), path)
+            except ValueError as exc:
                 files[name] = {"error": f"{type(exc).__name__}: {exc}"}
         return self.record(cmd, start, exit_code=0, stdout=json.dumps(self.red.value(files)),
                            files=len(names))

@@ -21,12 +21,13 @@ refuses all of these with one `InputError`, and `expect` checks a value's exact 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
 import stat
-from typing import Any
+from typing import Any, BinaryIO
 
 KIB, MIB = 1024, 1024 * 1024
 MAX_DEPTH = 64             # the deepest JSON the tool reads (a drift run) is 5 levels
@@ -38,8 +39,10 @@ class InputError(ValueError):
     """Input that is refused: `source` (a file, a host's answer), the 1-based `line` when
     known, the `field` path inside it, and why, in one line."""
 
-    def __init__(self, source: str, line: int | None, field: str, message: str) -> None:
+    def __init__(self, source: str, line: int | None, field: str, message: str,
+                 errno: int | None = None) -> None:
         self.source, self.line, self.field, self.message = source, line, field, message
+        self.errno = errno           # the OSError's, for a caller that reports it as one
         where = f"{source}:{line}" if line else source
         super().__init__(f"{where}: {field}: {message}")
 
@@ -52,28 +55,53 @@ class Missing(InputError):
 
 def read_bytes(path: Any, limit: int, what: str = "file") -> bytes:
     """The bytes of regular file `path`, at most `limit` of them, or an InputError."""
+    return read_file(path, limit, what)[0]
+
+
+def read_file(path: Any, limit: int, what: str = "file",
+              clip: bool = False) -> tuple[bytes, os.stat_result]:
+    """The bytes of regular file `path` and its stat; more than `limit` bytes is an
+    InputError, or (`clip`: a host's /proc files and env files, read for facts) the
+    first `limit` of them."""
+    name = str(path)
+    with open_regular(name, what) as handle:
+        info = os.fstat(handle.fileno())
+        if info.st_size > limit and not clip:
+            raise _too_big(name, what, limit)
+        try:
+            data = _read_up_to(handle.fileno(), limit + 1)
+        except OSError as exc:
+            raise _os_error(name, exc) from None
+    if len(data) > limit:        # /proc files say size 0; or the file grew as we read it
+        if not clip:
+            raise _too_big(name, what, limit)
+        data = data[:limit]
+    return data, info
+
+
+def open_regular(path: Any, what: str = "file") -> BinaryIO:
+    """`path` opened for reading if it is a regular file (checked on the descriptor),
+    else an InputError: opened without blocking, so a FIFO cannot hang the open."""
     name = str(path)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except FileNotFoundError:
-        raise Missing(name, None, "(file)", "not found") from None
     except OSError as exc:
-        raise InputError(name, None, "(file)", f"cannot read: {exc.strerror}") from None
+        raise _os_error(name, exc) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise InputError(name, None, "(file)", f"not a regular file ({_kind(info)}): "
-                             f"a {what} must be a plain file")
-        if info.st_size > limit:
-            raise _too_big(name, what, limit)
-        data = _read_up_to(fd, limit + 1)
-    except OSError as exc:
-        raise InputError(name, None, "(file)", f"cannot read: {exc.strerror}") from None
-    finally:
+                             f"a {what} must be a plain file", errno.EINVAL)
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
-    if len(data) > limit:        # the file grew while we read it
-        raise _too_big(name, what, limit)
-    return data
+        raise
+
+
+def _os_error(name: str, exc: OSError) -> InputError:
+    if exc.errno == errno.ENOENT:
+        return Missing(name, None, "(file)", "not found", exc.errno)
+    return InputError(name, None, "(file)", f"cannot read: {exc.strerror}", exc.errno)
 
 
 def read_text(path: Any, limit: int, what: str = "file") -> str:

@@ -91,15 +91,12 @@ class Runner:
         """mode: text | environ | cmdline | json (how to redact what was read)."""
         start = time.monotonic()
         try:
-            with open(cmd.target, "rb") as handle:
-                data = handle.read(cmd.limit or (1 << 20))
-                info = os.fstat(handle.fileno()) if stat else None
-        except OSError as exc:
-            return self.record(cmd, start, exit_code=exc.errno or 1,
-                               stderr=exc.strerror or str(exc))
+            data, info = bounded.read_file(cmd.target, cmd.limit or (1 << 20), clip=True)
+        except bounded.InputError as exc:      # a FIFO or device there blocks no read
+            return self.record(cmd, start, exit_code=exc.errno or 1, stderr=exc.message)
         text = data.decode("utf-8", "replace")
         extra: dict[str, Any] = {}
-        if info is not None:
+        if stat:
             extra["stat"] = {"mode": f"{info.st_mode & 0o7777:04o}", "uid": info.st_uid,
                              "gid": info.st_gid, "mtime": info.st_mtime, "size": info.st_size}
         return self.record(cmd, start, exit_code=0, stdout=self.redact(text, mode), **extra)
@@ -147,8 +144,12 @@ class Runner:
     def header(self, cmd: Command, wanted: set[str]) -> dict:
         start = time.monotonic()
         try:
-            size = os.stat(cmd.target).st_size
-            with open(cmd.target, "rb") as handle:
+            handle = bounded.open_regular(cmd.target, "checkpoint shard")
+        except bounded.InputError as exc:      # a FIFO or device there blocks no open
+            return self.record(cmd, start, exit_code=exc.errno or 1, stderr=exc.message)
+        try:
+            with handle:
+                size = os.fstat(handle.fileno()).st_size
                 length, header, read = read_header(handle, size)
         except OSError as exc:
             return self.record(cmd, start, exit_code=exc.errno or 1,

@@ -76,8 +76,8 @@ def load_known_hosts(keys: Any, file: Path) -> None:
             continue
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-        except (paramiko.SSHException, ValueError):
-            continue                        # as HostKeys.load: a line it cannot read
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
+            continue                        # a line it cannot read (as OpenSSH skips it)
         for name in entry.hostnames if entry is not None else []:
             keys.add(name, entry.key.get_name(), entry.key)
 

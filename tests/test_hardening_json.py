@@ -123,7 +123,7 @@ def test_a_state_file_the_engine_wrote_reads_back(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("line", [DEEP, '{"event": "x", "n": ' + "9" * 5000 + "}",
-                                  '{"result": {"ok": NaN}}', '{"result": 1e999}'])
+                                  '{"result": {"ok": NaN}}', '{"result": {"ok": true, "n": 1e999}}'])
 def test_hostile_agent_output_lines_are_not_results(line: str) -> None:
     """A line from the host that is not bounded JSON is output, not an event or result
     (the outcome then says the agent gave no result), never a traceback."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,12 @@ from patchset.agent.redact import Redactor
 from patchset.agent.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 60
+TIMEOUT = 30
+MEMORY = 2 << 30        # a child that reads /dev/zero fails here, not the machine
+
+
+def _bounded_child() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
 
 def _fifo(path: Path) -> Path:
@@ -56,13 +62,15 @@ def python(code: str, *args: str, env: dict | None = None) -> subprocess.Complet
     """Run `code` in a fresh interpreter at the repository root, with a timeout."""
     full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          preexec_fn=_bounded_child)
 
 
 def patchset(*argv: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "patchset.cli", *argv], cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=TIMEOUT)
+                          env=full_env, capture_output=True, text=True, timeout=TIMEOUT,
+                          preexec_fn=_bounded_child)
 
 
 def one_error_line(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> str:

@@ -240,3 +240,29 @@ def test_a_proc_file_is_read_clipped_as_before() -> None:
     assert record["exit_code"] == 0 and len(record["stdout"]) == 16
     missing = Runner(Redactor()).read(Command("read", target="/nonexistent/x", limit=16))
     assert missing["exit_code"] == 2                      # ENOENT: the facts' "absent"
+
+
+# ---------------------------------------------------------------- on hosts: the deployer
+
+DEPLOYER_READ = """
+import sys
+from patchset.agent import deployer
+try:
+    deployer.read_text(sys.argv[2])
+    print("read")
+except deployer.EngineError as exc:
+    print("refused:", exc)
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=list(KINDS))
+def test_a_unit_file_that_is_not_a_file_stops_the_deploy_in_one_line(tmp_path: Path,
+                                                                      kind: str) -> None:
+    """The deployer reads the installed unit, env and config files to compare and keep
+    them: one planted as a FIFO or a device is refused, not read for ever."""
+    make, fragment = KINDS[kind]
+    path = make(tmp_path / "sglang-decode.service")
+    proc = python(DEPLOYER_READ, "unit", str(path))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith(f"refused: {path}: (file): {fragment}"), proc.stdout
+    assert python(DEPLOYER_READ, "unit", str(tmp_path / "absent")).stdout == "read\n"

@@ -1261,9 +1261,10 @@ def unit_facts(target: Target, state: TreeState | None) -> list[UnitStatus]:
     out = []
     for path in files:
         try:
-            marks = dict(UNIT_MARK.findall(path.read_text(errors="replace")))
-        except OSError:
+            data = bounded.read_bytes(path, STATE_LIMIT, "unit file")
+        except bounded.InputError:           # a FIFO or device named *.service, say
             continue
+        marks = dict(UNIT_MARK.findall(data.decode("utf-8", "replace")))
         tree = marks.get("Tree", "").strip()
         if not tree or Path(tree).resolve() != target.root:
             continue

@@ -140,3 +140,28 @@ def test_a_bisect_pending_record_that_is_not_json_is_empty() -> None:
     with pytest.raises(BisectPending) as caught:
         transport.raise_for("h1", result)
     assert caught.value.record == {}
+
+
+@pytest.mark.parametrize("record, fragment", [
+    ({"id": "b1", "pid": "abc"}, "pid: expected an integer or null, found a string"),
+    ({"id": "b1", "pid": True}, "pid: expected an integer or null, found true or false"),
+    ({"id": 7}, "id: expected a string, found an integer"),
+    ({"id": "b1", "starting": "abc"}, "starting: expected a list or null, found a string"),
+    ({"id": "b1", "starting": [1]}, "starting[0]: expected a string, found an integer"),
+    ([], "(document): expected an object, found a list"),
+])
+def test_a_damaged_bisect_record_on_the_host_is_a_target_error(record, fragment) -> None:
+    """A host's bisect record (read by the engine, shown by status, used to restore) is
+    checked whole before the restore uses it: a one-line target error, not a crash."""
+    import socket
+    from types import SimpleNamespace
+
+    from isolate import bisect
+    from patchset.errors import TargetError
+    if isinstance(record, dict):
+        record = {"controller": socket.gethostname(), **record}
+    host = SimpleNamespace(host=SimpleNamespace(name="h1"))
+    with pytest.raises(TargetError) as caught:
+        bisect.restore_abandoned(host, record, lambda _: None)
+    assert str(caught.value).startswith("h1: the bisect record: ") and fragment in \
+        str(caught.value), caught.value

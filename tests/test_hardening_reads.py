@@ -266,3 +266,26 @@ def test_a_unit_file_that_is_not_a_file_stops_the_deploy_in_one_line(tmp_path: P
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.startswith(f"refused: {path}: (file): {fragment}"), proc.stdout
     assert python(DEPLOYER_READ, "unit", str(tmp_path / "absent")).stdout == "read\n"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=list(KINDS))
+@pytest.mark.parametrize("which", ["ssh_config", "identity"])
+def test_an_ssh_file_that_is_not_a_file_is_refused(tmp_path: Path, kind: str,
+                                                   which: str) -> None:
+    """fabric reads the ssh_config and paramiko the key itself: both are checked by the
+    bounded reader first, before any connection is tried."""
+    make, fragment = KINDS[kind]
+    bad = make(tmp_path / which)
+    config, known = tmp_path / "ssh_config.ok", tmp_path / "known_hosts"
+    config.write_text("")
+    known.write_text("")
+    series = tmp_path / "series"
+    series.mkdir()
+    (series / "hosts.yaml").write_text(
+        "version: 1\nhosts:\n  h1:\n    address: 127.0.0.1\n    port: 9\n    user: root\n"
+        f"    identity_file: {bad if which == 'identity' else tmp_path / 'absent-key'}\n"
+        "    tree: /opt/sglang\n")
+    proc = patchset("status", "h1", "--inventory", str(series / "hosts.yaml"), env={
+        "PATCHSET_KNOWN_HOSTS": str(known), "PATCHSET_HOME": str(tmp_path / "home"),
+        "PATCHSET_SSH_CONFIG": str(bad if which == "ssh_config" else config)})
+    one_error_line(proc, 2, str(bad), fragment)

@@ -165,3 +165,14 @@ def test_a_damaged_bisect_record_on_the_host_is_a_target_error(record, fragment)
         bisect.restore_abandoned(host, record, lambda _: None)
     assert str(caught.value).startswith("h1: the bisect record: ") and fragment in \
         str(caught.value), caught.value
+
+
+def test_a_trace_record_whose_pid_is_true_is_no_process() -> None:
+    """A tracer record read from a host names a process by its pid: `true` is no pid
+    (it passed `isinstance(pid, int)`, and became process 1)."""
+    from patchset.agent.facts.trace import TraceRecords
+    files = {"1.json": {"pid": True, "hits": {}}, "2.json": {"pid": 2, "hits": {}}}
+    raw = {"command": "trace", "exit_code": 0, "stdout": json.dumps(files)}
+    first, second = TraceRecords().process(raw)
+    assert first["pid"] is None and first["unavailable"] == ["1.json: not a trace record"]
+    assert second["pid"] == 2

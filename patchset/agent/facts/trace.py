@@ -33,7 +33,7 @@ class TraceRecords(Fact):
             raise Unavailable("the trace directory listing is not an object")
         out = []
         for name, record in sorted(files.items()):
-            if isinstance(record, dict) and isinstance(record.get("pid"), int):
+            if isinstance(record, dict) and type(record.get("pid")) is int:
                 rec = {k: record.get(k) for k in FIELDS}
                 rec["hits"] = rec["hits"] if isinstance(rec["hits"], dict) else {}
                 rec["targets"] = rec["targets"] if isinstance(rec["targets"], dict) else {}

@@ -62,13 +62,9 @@ def load_all(paths: Sequence[str | Path], hosts: Sequence[str], series: Series,
 def load(path: str | Path, hosts: Sequence[str], series: Series) -> Measured:
     where = f"--measured {path}"
     try:
-        text = inputfile.read_text(path, inputfile.DATA_LIMIT, "bisect report")
+        data = inputfile.read_json(path, inputfile.DATA_LIMIT, "bisect report")
     except ManifestError as exc:
         raise MeasuredError(f"--measured {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MeasuredError(f"{where}: line {exc.lineno}: not JSON ({exc.msg})") from None
     return parse(data, str(path), hosts, series)
 
 

@@ -238,7 +238,7 @@ def _noise(value: Any) -> float | None:
     """The decision's mean noise; an older report's list of replay means, averaged."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    listed = [v for v in value or [] if isinstance(v, (int, float))] \
+    listed = [v for v in value or [] if type(v) in (int, float)] \
         if isinstance(value, list) else []
     return sum(listed) / len(listed) if listed else None
 

@@ -92,7 +92,7 @@ class ProcessRecord:
     def of(cls, rec: dict) -> "ProcessRecord":
         fmt = rec.get("format")
         return cls(
-            rec.get("pid"), rec.get("title"), fmt if isinstance(fmt, int) else 1,
+            rec.get("pid"), rec.get("title"), fmt if type(fmt) is int else 1,
             {str(t): tuple(str(p) for p in ps or ()) for t, ps in _items(rec.get("targets"))},
             {str(t): _watch(w) for t, w in _items(rec.get("watched"))},
             {str(t): _hit(h) for t, h in _items(rec.get("hits"))},

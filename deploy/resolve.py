@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from patchset.agent import bounded
 from patchset.errors import UsageError
 from patchset.model import Series
 from patchset.paths import default_target, remote_default_target
@@ -125,7 +126,7 @@ def check_tree_pin(pin, path: Path) -> None:
     from patchset.upstream import verify_cached_wheel
     verify_cached_wheel(pin)
     try:
-        recorded = json.loads((path / ".git" / PIN_RECORD).read_text())["pin"]
+        recorded = bounded.read_json(path / ".git" / PIN_RECORD, bounded.MIB, "pin record")["pin"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # a tree provisioned before the record existed: the engine checks its files
     current = dataclasses.asdict(pin)

@@ -19,7 +19,9 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
+from patchset import inputfile
 from patchset import transport as wire
+from patchset.agent import bounded
 from patchset.errors import HostUnreachable, PatchsetError
 
 from .inventory import Host
@@ -56,6 +58,45 @@ def _policies(known_hosts: Path, accept_new: bool):
             client.get_host_keys().add(hostname, key.get_name(), key)
 
     return AcceptNew() if accept_new else RejectUnknown()
+
+
+def ssh_config_files() -> list[Path]:
+    """The ssh_config files fabric reads: $PATCHSET_SSH_CONFIG alone when set (tests),
+    else the system's and the user's."""
+    runtime = os.environ.get("PATCHSET_SSH_CONFIG")
+    return [Path(runtime)] if runtime else [Path("/etc/ssh/ssh_config"),
+                                             Path.home() / ".ssh" / "config"]
+
+
+def checked(file: Path, what: str) -> bytes | None:
+    """`file`'s bytes through the bounded reader (None: absent); a FIFO, a device, a
+    directory or a huge file is bad input naming it (exit 2), before any library opens it
+    (fabric and paramiko open ssh_config, keys and known_hosts themselves, blocking)."""
+    with inputfile.as_manifest_error():
+        try:
+            return bounded.read_bytes(file, inputfile.KNOWN_HOSTS_LIMIT, what)
+        except bounded.Missing:
+            return None
+
+
+def load_known_hosts(keys: Any, file: Path) -> None:
+    """Add `file`'s keys to paramiko HostKeys `keys`, as HostKeys.load would, from text
+    the bounded reader checked: paramiko's own `open` would block on a FIFO and read
+    /dev/zero until memory runs out. A missing file holds no keys."""
+    import paramiko
+    with inputfile.as_manifest_error():
+        text = bounded.text_of(checked(file, "known_hosts file") or b"", str(file),
+                               "known_hosts file")
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
+            continue                        # a line it cannot read (as OpenSSH skips it)
+        for name in entry.hostnames if entry is not None else []:
+            keys.add(name, entry.key.get_name(), entry.key)
 
 
 def _fingerprint(key: Any) -> str:
@@ -117,11 +158,14 @@ class SshTransport:
 
     def _open(self):
         from fabric import Config, Connection
+        for file in ssh_config_files():
+            checked(file, "ssh_config file")
         config = Config(runtime_ssh_path=os.environ.get("PATCHSET_SSH_CONFIG"))
         h = self.spec
         kwargs: dict[str, Any] = {}
         if h.identity_file:
             kwargs["key_filename"] = [os.path.expanduser(h.identity_file)]
+            checked(Path(kwargs["key_filename"][0]), "identity file")
         gateway = Connection(h.proxy_jump, config=config) if h.proxy_jump else None
         conn = Connection(h.address, user=h.user, port=h.port, config=config,
                           connect_timeout=CONNECT_TIMEOUT, connect_kwargs=kwargs,
@@ -142,8 +186,7 @@ class SshTransport:
         if user_file and not os.environ.get("PATCHSET_KNOWN_HOSTS"):
             files = [Path(os.path.expanduser(user_file.split()[0]))]
         for file in files:
-            if file.exists():
-                conn.client.load_host_keys(str(file))
+            load_known_hosts(conn.client.get_host_keys(), file)
         conn.client.set_missing_host_key_policy(_policies(files[-1], self.accept_new))
         if conn.gateway is not None and not isinstance(conn.gateway, str):
             self._secure(conn.gateway)

@@ -27,7 +27,6 @@ response, not an exception: the caller judges it.
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import socket
 from dataclasses import dataclass
@@ -61,9 +60,6 @@ class HttpResponse:
     status: int
     headers: dict[str, str]          # names lower-cased; repeated headers joined by ", "
     body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
 
 
 class HttpEndpoint(Protocol):

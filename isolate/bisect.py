@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from patchset import api
 from patchset.agent import engine, safewrite
+from patchset.agent.bounded import InputError, expect
 from patchset.agent.records import StatusRecord
 from patchset.transport import Transport
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
@@ -566,9 +567,28 @@ def _restore(t: BisectHost, bisect_id: str, starting: list[str]) -> list[str]:
     return restarted
 
 
+def checked_record(record: Any, host: str) -> dict:
+    """A host's bisect record (its `.patchset/bisect.json`), checked whole before any of
+    it is used: whoever can write there must not turn a restore into a traceback."""
+    where = f"{host}: the bisect record"
+    try:
+        expect(record, dict, where)
+        expect(record.get("id"), str, where, ("id",))
+        expect(record.get("pid"), (int, type(None)), where, ("pid",))
+        for key in ("controller", "by", "started"):
+            expect(record.get(key), (str, type(None)), where, (key,))
+        starting = expect(record.get("starting"), (list, type(None)), where, ("starting",))
+        for i, name in enumerate(starting or []):
+            expect(name, str, where, ("starting", i))
+    except InputError as exc:
+        raise TargetError(f"{exc} (not a record this tool wrote: damaged)") from None
+    return record
+
+
 def restore_abandoned(t: BisectHost, record: dict, say: Say, force: bool = False) -> list[str]:
     """Finish the restore of a bisect whose run is gone. A run still alive on this machine
     is never interfered with; one started elsewhere needs `force` (`--restore`)."""
+    record = checked_record(record, t.host.name)
     if not force and not abandoned(record):
         elsewhere = record.get("controller") != socket.gethostname()
         raise BisectPending(

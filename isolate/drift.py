@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from patchset.agent import safewrite
+from patchset.agent.bounded import NUMBER, InputError, expect, read_json
 
+from . import answers
 from . import conversations as convs
 from .driftdecide import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE, Decision, Paired, decide
 from .driftstats import Comparison, compare, pooled
@@ -88,7 +90,12 @@ class Sequence:
         n = len(self.output_ids)
         if not _floats(self.decode_lp, n) or not isinstance(self.prefill_lp, list) or \
                 not all(_floats(r, n) for r in self.prefill_lp):
-            return "logprobs: not lists of numbers, one per output token"
+            return ("logprobs: not lists of log probabilities (numbers in "
+                    f"[{answers.MIN_LOGPROB:g}, 0]), one per output token")
+        for field_name in ("decode_top", "prefill_top"):
+            tops = getattr(self, field_name)
+            if not isinstance(tops, list) or not _ints([t for t in tops if t is not None]):
+                return f"{field_name}: not a list of token ids or nulls"
         return None
 
 
@@ -158,11 +165,18 @@ class DriftRun:
             raise DriftError(f"{where}: not a drift run of format {RUN_FORMAT} "
                              "(written by `patchset probe --kind drift --save`)")
         try:
-            seqs = [Sequence(**s) for s in data["sequences"]]
-            run = cls(str(data["endpoint"]), float(data["started"]), dict(data["spec"]),
-                      seqs, float(data.get("seconds", 0.0)),
-                      traffic=[str(t)[:300] for t in data.get("traffic") or []][:64])
-        except (KeyError, TypeError, ValueError) as exc:
+            seqs = [Sequence(**expect(s, dict, where, ("sequences", i)))
+                    for i, s in enumerate(expect(data.get("sequences"), list, where,
+                                                 ("sequences",)))]
+            run = cls(expect(data.get("endpoint"), str, where, ("endpoint",)),
+                      expect(data.get("started"), NUMBER, where, ("started",)),
+                      expect(data.get("spec"), dict, where, ("spec",)), seqs,
+                      expect(data.get("seconds", 0.0), NUMBER, where, ("seconds",)),
+                      traffic=[str(t)[:300] for t in expect(data.get("traffic") or [], list,
+                                                            where, ("traffic",))][:64])
+        except InputError as exc:
+            raise DriftError(f"damaged drift run: {exc}") from None
+        except TypeError as exc:
             raise DriftError(f"{where}: damaged drift run ({exc})") from None
         for i, seq in enumerate(run.sequences):
             bad = seq.check()
@@ -250,10 +264,13 @@ def served_requests(client: Client, timeout: float) -> float | None:
         name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
         if name.strip() == REQUESTS_METRIC:
             try:
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
+                value = float(line.rsplit(" ", 1)[1])
             except (ValueError, IndexError):
                 return None
+            if not math.isfinite(value) or value < 0:      # a count: NaN/inf/-1 is no count
+                return None
+            total += value
+            seen = True
     return total if seen else None
 
 
@@ -288,16 +305,16 @@ def generate(client: Client, text: str, spec: DriftSpec, name: str,
             "sampling_params": {"temperature": spec.temperature,
                                 "max_new_tokens": spec.output_tokens, "ignore_eos": True,
                                 "sampling_seed": spec.seed}}
-    answer = _one(client.post("/generate", body, spec.timeout))
-    meta = _meta(answer)
-    prompt = [_token(e) for e in _list(meta, "input_token_logprobs")] if start == 0 else []
-    output = answer.get("output_ids")
-    decode = _list(meta, "output_token_logprobs")
-    if not _ints(output) or len(decode) != len(output):
+    answer = _answer(client.post("/generate", body, spec.timeout))
+    prompt = [e.token for e in _need(answer.input_logprobs, "input_token_logprobs")] \
+        if start == 0 else []
+    output = answer.output_ids
+    decode = _need(answer.output_logprobs, "output_token_logprobs")
+    if output is None or len(decode) != len(output):
         raise DriftError(f"{name}: output_ids and output_token_logprobs do not match")
-    tops = meta.get("output_top_logprobs") or [None] * len(output)
-    return Sequence(name, prompt, [int(t) for t in output], [_logprob(e) for e in decode],
-                    [_top(t) for t in tops]), str(answer.get("text") or "")
+    tops = answer.output_top or (None,) * len(output)
+    return Sequence(name, prompt, list(output), [e.logprob for e in decode],
+                    list(tops)), answer.text
 
 
 def generate_turn(client: Client, text: str, spec: DriftSpec, name: str) -> Sequence:
@@ -306,8 +323,8 @@ def generate_turn(client: Client, text: str, spec: DriftSpec, name: str) -> Sequ
     seq, _ = generate(client, text, spec, name, start=-1)
     body = {"text": text, "return_logprob": True, "logprob_start_len": 0,
             "sampling_params": {"max_new_tokens": 0}}
-    meta = _meta(_one(client.post("/generate", body, spec.timeout)))
-    seq.prompt_ids = [_token(e) for e in _list(meta, "input_token_logprobs")]
+    answer = _answer(client.post("/generate", body, spec.timeout))
+    seq.prompt_ids = [e.token for e in _need(answer.input_logprobs, "input_token_logprobs")]
     return seq
 
 
@@ -317,17 +334,17 @@ def replay(client: Client, seq: Sequence, timeout: float) -> None:
     body = {"input_ids": seq.prompt_ids + seq.output_ids, "return_logprob": True,
             "logprob_start_len": max(0, seq.start - 1), "top_logprobs_num": 1,
             "return_text_in_logprobs": False, "sampling_params": {"max_new_tokens": 0}}
-    meta = _meta(_one(client.post("/generate", body, timeout)))
-    entries = _list(meta, "input_token_logprobs")[-len(seq.output_ids):]
+    answer = _answer(client.post("/generate", body, timeout))
+    entries = list(_need(answer.input_logprobs, "input_token_logprobs"))[-len(seq.output_ids):]
     if len(entries) != len(seq.output_ids):
         raise DriftError(f"{seq.name}: the replay returned {len(entries)} logprobs for "
                          f"{len(seq.output_ids)} output tokens")
-    if [_token(e) for e in entries] != seq.output_ids:
+    if [e.token for e in entries] != seq.output_ids:
         raise DriftError(f"{seq.name}: the replay's tokens are not the sequence sent")
-    seq.prefill_lp.append([_logprob(e) for e in entries])
+    seq.prefill_lp.append([e.logprob for e in entries])
     if not seq.prefill_top:
-        tops = (meta.get("input_top_logprobs") or [])[-len(seq.output_ids):]
-        seq.prefill_top = [_top(t) for t in tops] or [None] * len(seq.output_ids)
+        tops = list(answer.input_top or ())[-len(seq.output_ids):]
+        seq.prefill_top = tops or [None] * len(seq.output_ids)
 
 
 def flush(client: Client, timeout: float) -> None:
@@ -461,40 +478,28 @@ def save_run(run: DriftRun, path: Path) -> None:
 
 
 def load(path: Path) -> DriftRun:
+    """A saved run, through the bounded reader (a FIFO, a device, a bomb is refused)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_RUN_BYTES:
-            raise DriftError(f"{path}: {size} bytes, more than a drift run can be")
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise DriftError(f"{path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise DriftError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+        data = read_json(path, MAX_RUN_BYTES, "drift run")
+    except InputError as exc:
+        raise DriftError(str(exc)) from None
     return DriftRun.from_json(data, str(path))
 
 
 # ---------------------------------------------------------------- response shapes
 
-def _one(answer: Any) -> dict:
-    if isinstance(answer, list) and len(answer) == 1:
-        answer = answer[0]
-    if not isinstance(answer, dict):
-        raise DriftError("/generate did not answer one JSON object")
-    return answer
+def _answer(value: Any) -> answers.GenerateAnswer:
+    """The server's answer validated whole (isolate/answers.py), or a DriftError."""
+    try:
+        return answers.generate_answer(value)
+    except InputError as exc:
+        raise DriftError(str(exc)) from None
 
 
-def _meta(answer: dict) -> dict:
-    meta = answer.get("meta_info")
-    if not isinstance(meta, dict):
-        raise DriftError("/generate's answer has no meta_info (is this SGLang's /generate?)")
-    return meta
-
-
-def _list(meta: dict, key: str) -> list:
-    value = meta.get(key)
-    if not isinstance(value, list):
+def _need(entries: tuple | None, key: str) -> tuple:
+    if entries is None:
         raise DriftError(f"/generate's meta_info has no {key} list (return_logprob ignored?)")
-    return value
+    return entries
 
 
 def _ints(value: Any) -> bool:
@@ -502,28 +507,11 @@ def _ints(value: Any) -> bool:
 
 
 def _floats(value: Any, n: int) -> bool:
+    """n logprobs or nulls, in the range answers.py takes from a server: a saved run is
+    compared as the server's answers are."""
+    low, high = answers.MIN_LOGPROB, answers.MAX_LOGPROB
     return isinstance(value, list) and len(value) == n and all(
-        v is None or (type(v) in (int, float) and math.isfinite(v)) for v in value)
-
-
-def _token(entry: Any) -> int:
-    if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not isinstance(entry[1], int):
-        raise DriftError("a logprob entry is not [logprob, token_id, text]")
-    return entry[1]
-
-
-def _logprob(entry: Any) -> float | None:
-    value = entry[0] if isinstance(entry, (list, tuple)) and entry else None
-    ok = type(value) in (int, float) and math.isfinite(value)
-    return float(value) if ok else None       # a NaN or inf from a server compares nothing
-
-
-def _top(entry: Any) -> int | None:
-    """The top-1 token of one position's top_logprobs ([[logprob, id, text], ...])."""
-    if isinstance(entry, list) and entry and isinstance(entry[0], (list, tuple)) \
-            and len(entry[0]) >= 2 and isinstance(entry[0][1], int):
-        return entry[0][1]
-    return None
+        v is None or (type(v) in (int, float) and low <= v <= high) for v in value)
 
 
 # ---------------------------------------------------------------- the probe command

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from patchset.agent.bounded import InputError, loads
 from patchset.errors import HostUnreachable, PatchsetError
 
 from .drift import DriftError
@@ -57,9 +58,9 @@ class EndpointClient:
         if not want_json:
             return reply.body
         try:
-            return json.loads(reply.body)
-        except json.JSONDecodeError as exc:
-            raise DriftError(f"{where}: not JSON ({exc.msg})") from None
+            return loads(reply.body, where)
+        except InputError as exc:
+            raise DriftError(str(exc)) from None
 
 
 def redact(text: str, key: str | None) -> str:

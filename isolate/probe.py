@@ -40,7 +40,10 @@ from typing import Any, Callable
 
 from auditor.model import ProbeResult, size_label
 from deploy.tunnel import DirectEndpoint, EndpointError, HttpEndpoint, endpoint_for, role_target
+from patchset.agent.bounded import InputError
 from patchset.errors import HostUnreachable, PatchsetError, UsageError
+
+from .answers import ChatAnswer, chat_answer
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
           "deployment notes and checks the queue once more. ")
@@ -62,9 +65,10 @@ class HttpStatus(Exception):
 
 
 def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str | None,
-         timeout: float = 600, **extra: Any) -> dict:
-    """One chat completion through `endpoint` (deploy/tunnel.py); an HTTP error status is
-    HttpStatus, no answer HostUnreachable, a body that is not JSON ValueError."""
+         timeout: float = 600, **extra: Any) -> ChatAnswer:
+    """One chat completion through `endpoint` (deploy/tunnel.py), validated whole
+    (isolate/answers.py); an HTTP error status is HttpStatus, no answer HostUnreachable,
+    a body that is not a chat completion an InputError (a ValueError)."""
     body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
                        "temperature": 0, **extra}).encode()
     headers = {"Content-Type": "application/json"}
@@ -73,7 +77,7 @@ def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str
     reply = endpoint.request("POST", CHAT_PATH, body, headers, timeout=timeout)
     if not 200 <= reply.status < 300:
         raise HttpStatus(reply.status, reply.body)
-    return json.loads(reply.body)
+    return chat_answer(reply.body, CHAT_PATH)
 
 
 def direct(target: HttpEndpoint | str) -> HttpEndpoint:
@@ -81,8 +85,8 @@ def direct(target: HttpEndpoint | str) -> HttpEndpoint:
     return DirectEndpoint(parse_url(target)) if isinstance(target, str) else target
 
 
-def _text(reply: dict) -> str:
-    return reply["choices"][0]["message"].get("content") or ""
+def _text(reply: ChatAnswer) -> str:
+    return reply.content
 
 
 def needle(target: HttpEndpoint | str, tokens: int, key: str | None) -> dict:
@@ -103,7 +107,8 @@ def needle(target: HttpEndpoint | str, tokens: int, key: str | None) -> dict:
     answer = _text(reply)
     return {"probe": "needle", "ok": token in answer, "judged": bool(answer.strip()),
             "token": token, "answer": answer[:200], "prompt_words": words, "turns": turn,
-            "usage": reply.get("usage")}
+            "usage": {"prompt_tokens": reply.prompt_tokens,
+                      "completion_tokens": reply.completion_tokens}}
 
 
 def greedy(target: HttpEndpoint | str, max_tokens: int, key: str | None) -> dict:
@@ -127,10 +132,10 @@ def throughput(target: HttpEndpoint | str, parallel: int, key: str | None) -> di
         replies = list(pool.map(lambda _: chat(endpoint, messages, 256, key),
                                 range(parallel)))
     elapsed = time.monotonic() - start
-    counts = [(r.get("usage") or {}).get("completion_tokens") for r in replies]
-    done = sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool))
-    return {"probe": "throughput", "ok": done > 0, "judged": done > 0 or all(
-                isinstance(c, int) for c in counts), "requests": parallel,
+    counts = [r.completion_tokens for r in replies]
+    done = sum(c for c in counts if c is not None)
+    return {"probe": "throughput", "ok": done > 0,
+            "judged": done > 0 or all(c is not None for c in counts), "requests": parallel,
             "completion_tokens": done, "seconds": round(elapsed, 3),
             "tokens_per_second": round(done / elapsed, 1) if elapsed else None}
 
@@ -345,7 +350,7 @@ def _guarded(probe, endpoint: HttpEndpoint, key: str | None, timeout: float,
         error, unreachable = f"cannot reach {where}: {_reason(exc, where)}", True
     except EndpointError as exc:                 # an answer, but not bounded HTTP
         error, unreachable = str(exc), False
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    except InputError as exc:                    # isolate/answers.py: names the field
         error, unreachable = f"not an OpenAI chat completion: {exc}", False
     name = _probe_name(probe, args)
     error = _clip(_redact(error, key), ERROR_CHARS)
@@ -432,13 +437,10 @@ def _ask(probe: str, name: str, endpoint: HttpEndpoint, key: str | None, timeout
     start = time.monotonic()
     reply = chat(endpoint, messages, ANSWER_TOKENS, key, timeout, **extra)
     latency = round((time.monotonic() - start) * 1000, 1)
-    message = reply["choices"][0]["message"]
-    answer = (message.get("content") or "").strip()
-    reasoning = message.get("reasoning_content") or ""
+    answer, reasoning = reply.content.strip(), reply.reasoning
     sent = sum(len((m.get("content") or "").split()) for m in messages)
-    seen = (reply.get("usage") or {}).get("prompt_tokens")
-    ok, reason = _verdict(token, answer, reasoning, sent, seen,
-                          reply["choices"][0].get("finish_reason"))
+    seen = reply.prompt_tokens
+    ok, reason = _verdict(token, answer, reasoning, sent, seen, reply.finish_reason)
     return ProbeResult(probe=probe, name=name, ok=ok is True, reason=reason, expected=token,
                        answer=_clip(_redact(answer, key), ANSWER_CHARS), size_tokens=size,
                        words_sent=sent, prompt_tokens=seen, latency_ms=latency,
@@ -610,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         error = f"HTTP {exc.status}: {exc.text()}"
     except PatchsetError as exc:               # bad --url (2), no answer (3), not HTTP (4)
         error, failed = str(exc), exc.exit_code
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    except InputError as exc:                  # isolate/answers.py: names the field
         error = f"not an OpenAI chat completion: {exc}"
     else:
         print(json.dumps(result))

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from . import callpath
+from .agent import bounded
 from .errors import UpstreamError
 from .model import Patch, Series, UpstreamPin
 from .upstream import BaseTree, cache_root, provision, tree_files
 
 CACHE_DIR = "guards"
+CACHE_LIMIT = 16 * bounded.MIB       # the shipped series' guards are ~100 KiB
 _TREES: dict[tuple[str, str, str], callpath.SourceTree] = {}
 _CODE: list[str] = []           # this code's hash, once per process (series_key)
 
@@ -263,7 +265,7 @@ def stored(series: Series, base: BaseTree | None = None, cache: Path | None = No
     cache = Path(cache) if cache is not None else cache_root()
     path = cache / CACHE_DIR / f"{series_key(series)}.json"
     try:
-        data = json.loads(path.read_text())
+        data = bounded.read_json(path, CACHE_LIMIT, "guards cache")
         return {d["patch"]: PatchGuards.from_json(d) for d in data["patches"]}
     except (OSError, ValueError, KeyError, TypeError):
         pass

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
+from .agent import bounded
 from .agent.protocol import PARTS, PROTOCOL, ended, killed
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
 
@@ -152,7 +153,7 @@ class LineSink:
 
     def line(self, line: str) -> None:
         try:
-            value = json.loads(line)
+            value = bounded.loads(line, "the agent's output")
         except ValueError:
             value = None
         if isinstance(value, dict) and isinstance(value.get("result"), dict):
@@ -199,5 +200,9 @@ def raise_for(host: str, result: dict) -> dict:
     exc.kind = str(error.get("kind") or "target")
     exc.details = str(error.get("details") or "")
     if isinstance(exc, BisectPending):
-        exc.record, exc.details = json.loads(exc.details or "{}"), ""
+        try:
+            record = bounded.loads(exc.details or "{}", f"{host}: the bisect record")
+        except bounded.InputError:
+            record = {}
+        exc.record, exc.details = record if isinstance(record, dict) else {}, ""
     raise exc

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from . import pinrules
+from .agent import bounded
 from .errors import HostUnreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
@@ -53,6 +54,7 @@ PIP: tuple[str, ...] = (sys.executable, "-m", "pip")  # a tuple so tests can swa
 META_FILE = "patchset-base.json"  # inside <repo>/.git
 LAYOUTS = ("git", "wheel")
 _META_VERSION = 1
+RECORD_LIMIT = bounded.MIB        # a cache record or wheel record: a few hundred bytes
 
 # Settings that could change checked-out bytes or objects; forced on every git call.
 _GIT_CONFIG = (
@@ -337,7 +339,7 @@ def _moved_ref(ref: str, old: str, new: str) -> str:
 def _recorded_wheel(record: Path) -> PypiPin | None:
     """The wheel learnt for this release by an earlier run, or None."""
     try:
-        found = PypiPin(**json.loads(record.read_text()))
+        found = PypiPin(**bounded.read_json(record, RECORD_LIMIT, "wheel record"))
     except (OSError, ValueError, TypeError):
         return None
     return None if pinrules.pypi_problems(found) else found  # a damaged record: learn again
@@ -436,7 +438,7 @@ def _cached(repo: Path, key: str, pin: UpstreamPin) -> BaseTree | None:
     """The BaseTree recorded in a complete cache repo, or None if absent, broken or built
     for another pin (the whole pin is compared, every field, not a digest of it)."""
     try:
-        meta = json.loads((repo / ".git" / META_FILE).read_text())
+        meta = bounded.read_json(repo / ".git" / META_FILE, RECORD_LIMIT, "cache record")
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("version") != _META_VERSION \
@@ -1018,5 +1020,5 @@ def _export(base: BaseTree, tmp: Path) -> None:
 
 def _git_prefix(base: BaseTree) -> str:
     """The pin's git_prefix as recorded when the base was built ("python" by default)."""
-    meta = json.loads((base.repo / ".git" / META_FILE).read_text())
+    meta = bounded.read_json(base.repo / ".git" / META_FILE, RECORD_LIMIT, "cache record")
     return meta["pin"].get("git_prefix", "").strip("/")

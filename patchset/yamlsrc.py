@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from .agent.bounded import field_name
 from .errors import ManifestError
 
 Path_ = tuple  # a path into the document: ("series", 0, "tier")
@@ -42,14 +43,6 @@ class Located:
         if type(value) is not int or value != expected:
             raise self.error(("version",), message)
         return value
-
-
-def field_name(path: Path_) -> str:
-    """`("series", 2, "tier")` -> `series[2].tier`."""
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(document)"
 
 
 # Bounds on what a document may expand to. The shipped manifest is 6 levels deep and has

@@ -67,11 +67,14 @@ def test_a_budget_adds_rounds_until_the_outcome_is_decided() -> None:
 
 
 @pytest.mark.parametrize("spoil, words", [
-    (lambda b, a: {**a, "output_ids": ["x"] * len(a["output_ids"])}, "do not match"),
+    (lambda b, a: {**a, "output_ids": ["x"] * len(a["output_ids"])},
+     r"output_ids\[0\]: expected an integer, found a string"),
+    (lambda b, a: {**a, "output_ids": a["output_ids"][:-1]}, "do not match"),
     (lambda b, a: {**a, "meta_info": None}, "no meta_info"),
     (lambda b, a: [a, a], "one JSON object"),
     (lambda b, a: {**a, "meta_info": {**a["meta_info"], "input_token_logprobs": "x"}},
-     "no input_token_logprobs"),
+     r"meta_info.input_token_logprobs: expected a list or null"),
+    (lambda b, a: {**a, "meta_info": {}}, "no input_token_logprobs list"),
     (lambda b, a: a if "text" in b else {**a, "meta_info": {
         **a["meta_info"], "input_token_logprobs": [[-1.0, 99, None]] * 9}},
      "not the sequence sent"),

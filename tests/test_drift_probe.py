@@ -100,7 +100,7 @@ def test_bad_input_and_an_unreachable_server(tmp_path, capsys) -> None:
     bad.write_text("{not json")
     code, _, err = cli(capsys, "probe", "--url", "http://127.0.0.1:9", "--kind", "drift",
                        "--against", str(bad))
-    assert code == 2 and str(bad) in err and "line 1" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and str(bad) in err and f"{bad}:1: (json): not JSON" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli(capsys, "probe", "--url", "http://127.0.0.1:9", "--kind", "drift",
                        "--repeats", "2")
     assert code == 2 and "--repeats" in err

@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import engine, redact, safewrite, tracer
+from . import bounded, engine, redact, safewrite, tracer
 from .protocol import Events
 from .records import TreeState, UnitStatus
 from .runner import unit_show
@@ -72,11 +72,18 @@ def run(args: list[str], timeout: float = SYSTEMCTL_TIMEOUT) -> subprocess.Compl
         return subprocess.CompletedProcess(args, 127, "", str(exc))
 
 
+UNIT_LIMIT = 4 * bounded.MIB      # a unit, env or server config file: kilobytes
+
+
 def read_text(path: str) -> str | None:
+    """A unit, env or config file the deployer compares or keeps (None: absent), through
+    the bounded reader: a FIFO or device planted there must not hang a deploy."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
+        return bounded.read_text(path, UNIT_LIMIT, "unit file")
+    except bounded.Missing:
         return None
+    except bounded.InputError as exc:
+        raise EngineError(str(exc)) from None
 
 
 def write_file(path: str, text: str, mode: int) -> None:
@@ -165,9 +172,11 @@ def state_bytes(target: "engine.Target | None") -> bytes | None:
     if target is None:
         return None
     try:
-        return target.state_file.read_bytes()
-    except FileNotFoundError:
+        return bounded.read_bytes(target.state_file, engine.STATE_LIMIT, "state record")
+    except bounded.Missing:
         return None
+    except bounded.InputError as exc:
+        raise EngineError(str(exc)) from None
 
 
 def units_by_name(target: "engine.Target | None",

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from . import gitobjects, safewrite, staleness
+from . import bounded, gitobjects, safewrite, staleness
 from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
                       TreeState, UnitStatus, now_stamp)
@@ -76,13 +76,20 @@ def write_json(path: Path, value: Any, root: Path) -> None:
     write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode(), root)
 
 
+STATE_LIMIT = 64 * bounded.MIB      # state, journal, lock and bisect records: kilobytes
+
+
 def read_json(path: Path) -> Any:
+    """A record of the engine's on the host (None when absent), through the bounded
+    reader: anyone with write access there may have put a FIFO, a device or a bomb in
+    its place, and the engine must refuse it, never hang or crash."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        return bounded.loads(bounded.read_bytes(path, STATE_LIMIT, "state record"), str(path))
+    except bounded.Missing:
         return None
-    except ValueError as exc:
-        raise EngineError(f"{path} is corrupt ({exc}); move it aside and re-apply") from None
+    except bounded.InputError as exc:
+        raise EngineError(f"{path} is corrupt or not a state record ({exc.field}: "
+                          f"{exc.message}); move it aside and re-apply") from None
 
 
 def crash_point(label: str) -> None:
@@ -1416,9 +1423,10 @@ def unit_facts(target: Target, state: TreeState | None) -> list[UnitStatus]:
     out = []
     for path in files:
         try:
-            marks = dict(UNIT_MARK.findall(path.read_text(errors="replace")))
-        except OSError:
+            data = bounded.read_bytes(path, STATE_LIMIT, "unit file")
+        except bounded.InputError:           # a FIFO or device named *.service, say
             continue
+        marks = dict(UNIT_MARK.findall(data.decode("utf-8", "replace")))
         tree = marks.get("Tree", "").strip()
         if not tree or Path(tree).resolve() != target.root:
             continue

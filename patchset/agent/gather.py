@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import bounded
 from .facts import checkpoint as ck
 from .facts import gpu, http, journal, procs, systemd, trace, tree
 from .tracer import DIR_VAR as TRACE_DIR_VAR
@@ -297,7 +298,7 @@ def _config_value(path: str | None, key: str) -> str | None:
     raw = m.group(1)
     if raw.startswith('"'):
         try:
-            return str(json.loads(raw))
+            return str(bounded.loads(raw, "config"))
         except ValueError:
             return None
     if raw.startswith("'") and raw.endswith("'") and len(raw) > 1:

@@ -8,13 +8,12 @@ last line on stdout is one result (patchset/agent/protocol.py).
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import sys
 from pathlib import Path
 
-from . import engine
+from . import bounded, engine
 from .protocol import GATHER_OPS, PROTOCOL, TREE_OPS, UNIT_OPS, Events, error, result_line
 
 OPS = TREE_OPS + UNIT_OPS + GATHER_OPS
@@ -41,6 +40,9 @@ def serve(request: dict, bundle: Path, events: Events) -> dict:
     return error("usage", f"unknown op {shown}")
 
 
+REQUEST_LIMIT = 64 * bounded.MIB     # the request names the shipped files; it holds none
+
+
 def main(argv: list[str]) -> int:
     """Read BUNDLE_DIR/request.json, serve it, print events and the result line. SIGHUP
     is ignored: a dropped SSH connection stops the events, never the work."""
@@ -48,8 +50,9 @@ def main(argv: list[str]) -> int:
     bundle = Path(argv[1]) if len(argv) > 1 else Path(".")
     events = Events()
     try:
-        request = json.loads((bundle / "request.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        request = bounded.loads(bounded.read_bytes(bundle / "request.json", REQUEST_LIMIT,
+                                                   "request"), "request.json")
+    except bounded.InputError as exc:
         result = error("usage", f"no readable request in {bundle}: {exc}")
     else:
         result = serve(request, bundle, events)

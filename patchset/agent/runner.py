@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from . import bounded
 from .facts import checkpoint as ck
 from .facts import procs, systemd, trace, tree
 from .facts.base import Command
@@ -43,7 +44,7 @@ def read_header(handle: BinaryIO, size: int) -> tuple[int, dict, int]:
     body = handle.read(length)
     if len(body) != length:
         raise ValueError(f"header truncated: {len(body)} of {length} bytes")
-    header = json.loads(body.decode("utf-8"))
+    header = bounded.loads(body, "safetensors header", ck.MAX_HEADER)
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return length, header, len(head) + len(body)
@@ -90,15 +91,12 @@ class Runner:
         """mode: text | environ | cmdline | json (how to redact what was read)."""
         start = time.monotonic()
         try:
-            with open(cmd.target, "rb") as handle:
-                data = handle.read(cmd.limit or (1 << 20))
-                info = os.fstat(handle.fileno()) if stat else None
-        except OSError as exc:
-            return self.record(cmd, start, exit_code=exc.errno or 1,
-                               stderr=exc.strerror or str(exc))
+            data, info = bounded.read_file(cmd.target, cmd.limit or (1 << 20), clip=True)
+        except bounded.InputError as exc:      # a FIFO or device there blocks no read
+            return self.record(cmd, start, exit_code=exc.errno or 1, stderr=exc.message)
         text = data.decode("utf-8", "replace")
         extra: dict[str, Any] = {}
-        if info is not None:
+        if stat:
             extra["stat"] = {"mode": f"{info.st_mode & 0o7777:04o}", "uid": info.st_uid,
                              "gid": info.st_gid, "mtime": info.st_mtime, "size": info.st_size}
         return self.record(cmd, start, exit_code=0, stdout=self.redact(text, mode), **extra)
@@ -119,7 +117,7 @@ class Runner:
             return "\0".join(self.red.argv(text.split("\0")))
         if mode == "json":
             try:
-                return json.dumps(self.red.value(json.loads(text)))
+                return json.dumps(self.red.value(bounded.loads(text, "answer", HTTP_LIMIT)))
             except ValueError:
                 return self.red.text(text)
         return self.red.text(text)
@@ -146,8 +144,12 @@ class Runner:
     def header(self, cmd: Command, wanted: set[str]) -> dict:
         start = time.monotonic()
         try:
-            size = os.stat(cmd.target).st_size
-            with open(cmd.target, "rb") as handle:
+            handle = bounded.open_regular(cmd.target, "checkpoint shard")
+        except bounded.InputError as exc:      # a FIFO or device there blocks no open
+            return self.record(cmd, start, exit_code=exc.errno or 1, stderr=exc.message)
+        try:
+            with handle:
+                size = os.fstat(handle.fileno()).st_size
                 length, header, read = read_header(handle, size)
         except OSError as exc:
             return self.record(cmd, start, exit_code=exc.errno or 1,
@@ -172,9 +174,10 @@ class Runner:
         files: dict[str, Any] = {}
         for name in names[:trace.MAX_FILES]:
             try:
-                with open(os.path.join(cmd.target, name), "rb") as handle:
-                    files[name] = json.loads(handle.read(cmd.limit or trace.MAX_BYTES))
-            except (OSError, ValueError) as exc:
+                path = os.path.join(cmd.target, name)
+                files[name] = bounded.loads(bounded.read_bytes(
+                    path, cmd.limit or trace.MAX_BYTES, "trace record"), path)
+            except ValueError as exc:
                 files[name] = {"error": f"{type(exc).__name__}: {exc}"}
         return self.record(cmd, start, exit_code=0, stdout=json.dumps(self.red.value(files)),
                            files=len(names))

@@ -8,9 +8,9 @@ sends back only the entries the audit asked for, then reads only those shards' h
 from __future__ import annotations
 
 import errno
-import json
 from typing import Any
 
+from ..bounded import loads
 from .base import Command, Fact, Unavailable, ok_output
 
 MAX_HEADER = 100 * 1024 * 1024     # what the safetensors parsers accept
@@ -23,7 +23,7 @@ class ConfigJson(Fact):
         return Command("read", target=f"{model.rstrip('/')}/config.json", limit=4 << 20)
 
     def process(self, raw: dict) -> dict:
-        data = json.loads(ok_output(raw))
+        data = loads(ok_output(raw), str(raw.get("command")))
         if not isinstance(data, dict):
             raise Unavailable("config.json is not a JSON object")
         return data
@@ -39,7 +39,7 @@ class HfQuantConfig(Fact):
     def process(self, raw: dict) -> dict | None:
         if raw.get("exit_code") == errno.ENOENT:
             return None
-        return json.loads(ok_output(raw))
+        return loads(ok_output(raw), str(raw.get("command")))
 
 
 class SafetensorsIndex(Fact):
@@ -56,7 +56,7 @@ class SafetensorsIndex(Fact):
     def process(self, raw: dict) -> dict | None:
         if raw.get("exit_code") == errno.ENOENT:
             return None
-        data = json.loads(ok_output(raw))
+        data = loads(ok_output(raw), str(raw.get("command")))
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict):
             raise Unavailable("index has no weight_map")
@@ -73,7 +73,7 @@ class SafetensorsHeader(Fact):
         return Command("st-header", target=path)
 
     def process(self, raw: dict) -> dict:
-        tensors = json.loads(ok_output(raw))
+        tensors = loads(ok_output(raw), str(raw.get("command")))
         for name, entry in tensors.items():
             if not isinstance(entry, dict) or "dtype" not in entry:
                 raise Unavailable(f"tensor {name} has no dtype")

@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ..bounded import loads
 from .base import Command, Fact, Unavailable, failure
 
 
@@ -20,7 +20,7 @@ def _json_body(raw: dict) -> Any:
     status = raw.get("status")
     if status != 200:
         raise Unavailable(f"{raw.get('command')}: HTTP {status}")
-    return json.loads(raw.get("stdout") or "null")
+    return loads(raw.get("stdout") or "null", str(raw.get("command")))
 
 
 class _JsonEndpoint(Fact):

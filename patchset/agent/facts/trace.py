@@ -7,9 +7,9 @@ most MAX_FILES, MAX_BYTES each) in one primitive, `trace-dir`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ..bounded import loads
 from .base import Command, Fact, Unavailable, ok_output
 
 MAX_FILES = 256
@@ -28,12 +28,12 @@ class TraceRecords(Fact):
         return Command("trace-dir", target=path, limit=MAX_BYTES)
 
     def process(self, raw: dict) -> list[dict]:
-        files = json.loads(ok_output(raw) or "{}")
+        files = loads(ok_output(raw) or "{}", str(raw.get("command")))
         if not isinstance(files, dict):
             raise Unavailable("the trace directory listing is not an object")
         out = []
         for name, record in sorted(files.items()):
-            if isinstance(record, dict) and isinstance(record.get("pid"), int):
+            if isinstance(record, dict) and type(record.get("pid")) is int:
                 rec = {k: record.get(k) for k in FIELDS}
                 rec["hits"] = rec["hits"] if isinstance(rec["hits"], dict) else {}
                 rec["targets"] = rec["targets"] if isinstance(rec["targets"], dict) else {}

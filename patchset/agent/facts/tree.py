@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..bounded import loads
 from .base import Command, Fact, Unavailable, ok_output
 
 FIND_SPEC = ("import importlib.util as u, json, sys; s = u.find_spec(sys.argv[1]); "
@@ -43,7 +44,7 @@ class ImportOrigin(Fact):
         out = ok_output(raw).strip().splitlines()
         if not out:
             raise Unavailable("the interpreter printed nothing")
-        data = json.loads(out[-1])
+        data = loads(out[-1], "find_spec")
         if not data.get("origin"):
             raise Unavailable("the interpreter cannot import sglang")
         return {"origin": data["origin"], "python": data.get("python")}

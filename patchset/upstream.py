@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from . import pinrules
-from .agent import bounded
+from .agent import bounded, gitenv
 from .errors import HostUnreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
@@ -62,12 +62,6 @@ _GIT_CONFIG = (
     " init.defaultBranch=main advice.detachedHead=false"
 ).split()
 _GIT_OPTS = tuple(arg for setting in _GIT_CONFIG for arg in ("-c", setting))
-# Variables that point git at some other repository, index or object store.
-_REPO_VARS = frozenset(
-    "GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES"
-    " GIT_COMMON_DIR GIT_NAMESPACE GIT_PREFIX GIT_QUARANTINE_PATH GIT_SHALLOW_FILE"
-    " GIT_REPLACE_REF_BASE GIT_NO_REPLACE_OBJECTS".split()
-)
 # The transports a pinned git url may use (GIT_ALLOW_PROTOCOL, for every network call).
 _PROTOCOLS = "https:http:ssh:git:file"
 # Local config of a materialized clone: commits work without a global identity.
@@ -636,7 +630,7 @@ def _hermetic_env() -> dict[str, str]:
 def _network_env() -> dict[str, str]:
     """Environment for remote access: the user's config (proxy, insteadOf, credentials)
     stays, repo-locating variables go, and prompts are off so failures are immediate."""
-    env = {k: v for k, v in os.environ.items() if k not in _REPO_VARS}
+    env = {k: v for k, v in os.environ.items() if not gitenv.redirects(k)}
     # Only real transports: never a remote helper such as ext:: (runs a command) or fd::.
     env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C", GIT_ALLOW_PROTOCOL=_PROTOCOLS)
     env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o ConnectTimeout=10")

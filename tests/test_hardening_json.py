@@ -118,7 +118,7 @@ def test_a_hostile_state_file_is_a_corrupt_state_not_a_crash(tmp_path: Path, cas
 
 def test_a_state_file_the_engine_wrote_reads_back(tmp_path: Path) -> None:
     value = {"version": 3, "applied": [{"name": "a", "n": 1, "x": 0.5, "ok": True}]}
-    engine.write_json(tmp_path / "state.json", value)
+    engine.write_json(tmp_path / "state.json", value, tmp_path)
     assert engine.read_json(tmp_path / "state.json") == value
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 from . import bounded, gitobjects, safewrite, staleness
+from .gitenv import git_env
 from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
                       TreeState, UnitStatus, now_stamp)
@@ -96,13 +97,6 @@ def crash_point(label: str) -> None:
     """Fault injection for the kill-at-any-point tests: PATCHSET_TEST_CRASH_AT=label."""
     if os.environ.get("PATCHSET_TEST_CRASH_AT") == label:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ, LC_ALL="C", LANG="C", GIT_TERMINAL_PROMPT="0",
-               GIT_CONFIG_NOSYSTEM="1")
-    env.update(extra or {})
-    return env
 
 
 def git(cwd: Path, *args: str, data: bytes | None = None,

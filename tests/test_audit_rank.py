@@ -376,7 +376,7 @@ def test_bad_measured_files_exit_2_with_one_line_before_any_host(series, tmp_pat
 
     stranger = edited(contributions=[dict(good["contributions"][0], suspect="no-such-patch")])
     cases = [
-        (written("x.json", "{not json"), "line 1: not JSON"),
+        (written("x.json", "{not json"), ":1: (json): not JSON"),
         (str(tmp_path / "missing.json"), "(file): not found"),
         (written("list.json", []), "not a bisect report"),
         (written("one.json", edited(strategy="one-at-a-time")),
@@ -407,7 +407,7 @@ def test_bad_measured_files_exit_2_with_one_line_before_any_host(series, tmp_pat
         code, out, err = cli(capsys, "audit", host, "--symptom", "decode-quality",
                              "--measured", path, "--format", "json")
         assert (code, out) == (2, ""), (path, err)
-        assert err.startswith(f"patchset: error: --measured {path}: ") and says in err, err
+        assert err.startswith(f"patchset: error: --measured {path}:") and says in err, err
         assert len(err.strip().splitlines()) == 1, err
     code, _, err = cli(capsys, "audit", host, "--measured", str(tmp_path / "good.json"))
     assert code == 2 and err == ("patchset: error: --measured needs --symptom: the measured "

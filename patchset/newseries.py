@@ -12,6 +12,7 @@ existing one is never overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -56,11 +57,22 @@ def init_series(req: InitRequest, cache: Path | None = None,
     manifest = req.directory / "patches.yaml"
     if os.path.lexists(manifest):
         raise UsageError(f"{manifest}: already exists; init never overwrites a manifest")
+    _check_directory(req.directory)
     pin, how = (_release(req, cache, progress) if req.requirement is not None
                 else _commit(req, cache, progress))
     text = render(pin)
     _write_new(req.directory, text)
     return InitResult(str(manifest), pin, how)
+
+
+def _check_directory(directory: Path) -> None:
+    """Bad input before any work: the nearest existing ancestor must be a directory."""
+    at = directory.absolute()
+    while not os.path.lexists(at) and at != at.parent:
+        at = at.parent
+    if not at.is_dir():
+        raise UsageError(f"{directory}: cannot write the new series there: {at} is not a "
+                         "directory")
 
 
 def _release(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[UpstreamPin, str]:
@@ -107,22 +119,27 @@ def render(pin: UpstreamPin) -> str:
 
 
 def _write_new(directory: Path, text: str) -> None:
-    """patches.yaml and patches/ created, the manifest checked by the one loader first;
-    created exclusively, so a manifest that appeared meanwhile is not replaced."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """patches.yaml checked by the one loader, then put in place by a link (which fails
+    if a manifest, or a link, appeared at its name meanwhile: never replaced), then
+    patches/; a failure leaves no staged file behind."""
     staged = directory / ".patches.yaml.init"
-    staged.unlink(missing_ok=True)
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        staged.unlink(missing_ok=True)
         with open(staged, "x", encoding="utf-8") as f:
             f.write(text)
-        (directory / "patches").mkdir(exist_ok=True)
         load_series(staged)
-        os.link(staged, directory / "patches.yaml")     # fails if one exists: never replaced
+        os.link(staged, directory / "patches.yaml")
+        (directory / "patches").mkdir(exist_ok=True)
     except FileExistsError as e:
         raise UsageError(f"{directory / 'patches.yaml'}: already exists; init never "
                          "overwrites a manifest") from e
+    except OSError as e:
+        raise UsageError(f"{directory}: cannot write the new series there: "
+                         f"{e.strerror or e}") from e
     finally:
-        staged.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            staged.unlink(missing_ok=True)
 
 
 __all__ = ["InitRequest", "InitResult", "init_series", "render"]

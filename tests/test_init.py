@@ -105,3 +105,17 @@ def test_an_existing_manifest_is_never_overwritten(tmp_path: Path, capsys) -> No
     (tmp_path / "patches.yaml").symlink_to(tmp_path / "elsewhere")     # a dangling link too
     code, _, err = init(capsys, str(tmp_path), "--pin", "sglang==0.5.14", "--offline")
     assert code == Exit.BAD_INPUT and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_directory_that_cannot_hold_it_is_one_line_exit_2(tmp_path: Path, capsys,
+                                                            pinned_wheel: Path,
+                                                            monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    shutil.copy(pinned_wheel, cache / "wheels" / pinned_wheel.name)
+    monkeypatch.setenv("PATCHSET_CACHE", str(cache))
+    (tmp_path / "afile").write_text("x\n")
+    code, _, err = init(capsys, str(tmp_path / "afile" / "s"), "--pin", "sglang==0.5.14",
+                        "--offline")
+    assert code == Exit.BAD_INPUT and "cannot write the new series" in err
+    assert len(err.strip().splitlines()) == 1 and (tmp_path / "afile").read_text() == "x\n"

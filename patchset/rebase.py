@@ -43,7 +43,6 @@ from .progress import NullProgress, Progress
 from .upstream import (
     RAW_ATTRIBUTES,
     BaseTree,
-    blob_ids,
     blob_reader,
     cache_root,
     pin_for_commit,

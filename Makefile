@@ -19,6 +19,7 @@ venv: $(BIN)/patchset
 # Main job on the built-in localhost default: provision the pinned SGLang, apply the
 # safe tier to the default tree, show its status.
 run: venv
+	rm -rf build
 	$(BIN)/pip install -q --no-deps --force-reinstall .
 	$(BIN)/patchset check
 	$(BIN)/patchset apply --tier safe localhost
@@ -27,6 +28,7 @@ run: venv
 # The whole test suite, with the system packages the test hosts need.
 test: venv
 	.ci/install-host-deps
+	rm -rf build
 	$(BIN)/pip install -q --no-deps --force-reinstall .
 	$(BIN)/python -m pytest -q
 	.ci/drift-check
@@ -50,5 +52,6 @@ lock:
 bench: venv
 	.ci/install-host-deps
 	command -v quilt >/dev/null || apt-get install -y -q quilt
+	rm -rf build
 	$(BIN)/pip install -q --no-deps --force-reinstall .
 	$(BIN)/python bench/benchmark.py -o bench/RESULTS.md

@@ -19,7 +19,7 @@ from .rank import Access
 from .render import FORMATS
 from .report import to_dict
 
-# The roles `patchset probe HOST` sends to, in order (isolate/probe.py, deploy/tunnel.py):
+# The roles `patchset probe HOST` sends to, in order (isolate/probe.py, connect/tunnel.py):
 # a host with a port for one is probed by name, through its SSH connection.
 PROBE_ROLES = ("router", "decode")
 

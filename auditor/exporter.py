@@ -19,7 +19,7 @@ no host used it, and the summary and the exit code follow the one rule. Until ev
 has finished its first audit (reachable or not) nothing is published: /report.json answers
 503 naming the hosts still pending, and /metrics has the exporter's own series (and the
 last success of the hosts audited). Both are passed in: the CLI builds them on the
-transports and probes it holds (patchset/cli/serve.py), tests and bench feed fixture facts,
+transports and probes it holds (cli/serve.py), tests and bench feed fixture facts,
 and this read-only package never imports the code that reaches hosts.
 """
 

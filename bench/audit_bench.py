@@ -28,8 +28,8 @@ import yaml
 from benchlib import Row, add_note, count_row, measure, ratios, row, verdict
 from hostsetup import ARGS, MODEL, TREE, VENV, checkpoint, free_ports
 
-from auditor import api as audit_api
-from auditor import policy as policy_mod
+from patchset.auditor import api as audit_api
+from patchset.auditor import policy as policy_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,8 +114,8 @@ def deploy(name: str, series_path: Path) -> None:
 
 
 def transports(hosts: list) -> list:
-    from deploy.inventory import Host
-    from deploy.ssh import SshTransport
+    from patchset.connect.inventory import Host
+    from patchset.connect.ssh import SshTransport
     return [SshTransport(Host(name=h.name, address=h.ip, port=h.port, user="root",
                               identity_file=str(h.client_key)), TREE, python=f"{VENV}/bin/python")
             for h in hosts]

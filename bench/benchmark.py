@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # never tests/: bench imports 
 from benchlib import (Row, add_note, bytecode_cached, count_row, measure, paired, ratios, row,
                       run, verdict)
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 from patchset import api
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan
@@ -188,8 +188,8 @@ def bench_cli(runs: int, series: Path, scratch: Path) -> list[Row]:
 
 def bench_hosts(series, series_path: Path, runs: int, scratch: Path, sizes: list[int],
                 skip_audit: bool = False) -> list[Row]:
-    from deploy.inventory import Host
-    from deploy.ssh import SshTransport
+    from patchset.connect.inventory import Host
+    from patchset.connect.ssh import SshTransport
     from tests.hosts.nspawn import (
         build_base,
         make_client_key,

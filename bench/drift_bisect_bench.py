@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "standin" / "payload"))
 
-from isolate import driftsearch                                   # noqa: E402
-from isolate.driftstats import compare, exceeds                    # noqa: E402
+from patchset.isolate import driftsearch                                   # noqa: E402
+from patchset.isolate.driftstats import compare, exceeds                    # noqa: E402
 
 
 def toy_states(tokens: int, output: int) -> dict[bool, tuple[list[float], list[float]]]:

@@ -31,9 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from auditor import exporter, report                               # noqa: E402
-from auditor.api import Gathered                                   # noqa: E402
-from auditor.model import HostFacts                                # noqa: E402
+from patchset.auditor import exporter, report                               # noqa: E402
+from patchset.auditor.api import Gathered                                   # noqa: E402
+from patchset.auditor.model import HostFacts                                # noqa: E402
 
 PATCHES = ("default-thinking-reasoning", "nvfp4-cutlass-swiglu-clamp", "triton-dsa-indexer",
            "indexer-bf16-gemm", "mma-splitk-decode", "mhc-bf16")

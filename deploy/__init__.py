@@ -1,1 +1,2 @@
-"""Transports (local, SSH), the inventory, remote apply and systemd units."""
+"""The unit deployer: systemd units rendered from the inventory's settings and the host's
+tree state, installed, restarted, waited for and rolled back on the host."""

@@ -30,6 +30,8 @@ from patchset.agent.redact import Redactor, is_secret_name
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
 from patchset.transport import EventSink, Transport, raise_for
 
+from patchset.connect import settings
+
 from . import units
 
 # ---------------------------------------------------------------- results
@@ -77,8 +79,8 @@ class DeployResult:
 def select_roles(host: Any, roles: list[str] | None) -> list[str]:
     """Requested roles (default: every role the host has), in restart order."""
     for role in roles or []:
-        if role not in units.ROLES:
-            raise UsageError(f"--role {role!r}: expected one of {', '.join(units.ROLES)}")
+        if role not in settings.ROLES:
+            raise UsageError(f"--role {role!r}: expected one of {', '.join(settings.ROLES)}")
         if role not in host.roles:
             raise UsageError(f"{host.name}: no role {role!r} in hosts.yaml "
                              f"(hosts.{host.name}.roles has: {', '.join(host.roles) or 'none'})")
@@ -86,7 +88,7 @@ def select_roles(host: Any, roles: list[str] | None) -> list[str]:
     if not wanted:
         raise UsageError(f"{host.name}: no roles in hosts.yaml (hosts.{host.name}.roles: "
                          "prefill, decode, router) - nothing to deploy")
-    return [r for r in units.ROLES if r in wanted]
+    return [r for r in settings.ROLES if r in wanted]
 
 
 def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | None = None,
@@ -395,7 +397,7 @@ def affected_roles(host: Any, transport: Transport, tree: str, git_prefix: str =
                    package: str = "sglang") -> tuple[list[str], dict]:
     """Installed server roles whose patches or gates differ from the tree's state now, or
     whose process is stale: what `apply --restart` redeploys. Returns (roles, facts)."""
-    candidates = [r for r in units.SERVER_ROLES if r in host.roles]
+    candidates = [r for r in settings.SERVER_ROLES if r in host.roles]
     if not candidates:
         return [], {}
     facts = _facts(transport, {"op": "facts", "tree": tree, "git_prefix": git_prefix,

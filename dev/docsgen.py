@@ -98,7 +98,7 @@ def exit_codes_page() -> str:
 # ---------------------------------------------------------------- checks
 
 def checks_page() -> str:
-    from auditor.checks import describe
+    from patchset.auditor.checks import describe
     rows = "".join(f"| `{c['id']}` | {c['severity']} | {cell(', '.join(c['tags']))} | "
                    f"{cell(c['description'])} |\n" for c in describe())
     return (f"{HEADER}# Audit checks\n\nOne module each in `auditor/checks/`, run in this "

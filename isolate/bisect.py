@@ -462,7 +462,7 @@ def _converge(t: BisectHost, bisect_id: str, applied: list[str],
               gates_off: list[str], restarted: list[str] | None = None) -> list[str]:
     """Make the host run exactly `applied` with `gates_off` unset; the roles restarted
     (appended to `restarted` as each restart begins)."""
-    from deploy.deploy import deploy_units
+    from patchset.deploy.deploy import deploy_units
     counted = restarted if restarted is not None else []
     selected = _plan(t.series, applied)
     [result] = api.apply(t.series, selected, [t.transport], bisect=bisect_id)
@@ -489,7 +489,7 @@ def _converge(t: BisectHost, bisect_id: str, applied: list[str],
 def candidates(t: BisectHost, symptom: str, starting: list[str]) -> list[Candidate]:
     """The audit's ranked patch suspects, each with what this bisect will do with it:
     gated ones first (an env change), then unconditional ones (a revert)."""
-    from auditor import api as audit_api
+    from patchset.auditor import api as audit_api
     report = audit_api.audit(t.series, [t.transport], symptom)
     states: dict[str, set[str]] = {}
     for host in report.hosts:
@@ -712,7 +712,7 @@ def _starting(t: BisectHost, status: StatusRecord) -> list[str]:
 def _require_deployed(t: BisectHost) -> None:
     """The units must be what deploy renders and running: the restore re-renders them,
     so anything else would be lost (or could not be told apart from the test states)."""
-    from deploy.deploy import deploy_units
+    from patchset.deploy.deploy import deploy_units
     if not t.roles:
         raise UsageError(f"{t.host.name}: no prefill or decode role in hosts.yaml: nothing "
                          "serves the tree, so there is nothing to probe")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from auditor.render.chart import svg
+from patchset.auditor.render.chart import svg
 from patchset import escaping
 
 

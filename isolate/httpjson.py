@@ -1,5 +1,5 @@
 """JSON over HTTP for the drift probe, on whichever connection reaches the server: the
-host's own SSH connection (deploy/tunnel.py SshEndpoint: a server bound to the host's
+host's own SSH connection (connect/tunnel.py SshEndpoint: a server bound to the host's
 127.0.0.1, a host known by an ssh-config alias) or a direct URL (`--url`). The server's
 refusals (an HTTP status) and an unreachable server are told apart (exit 1 vs exit 3)."""
 
@@ -21,7 +21,7 @@ class Unreachable(DriftError):
 
 
 class EndpointClient:
-    """POST JSON through an HttpEndpoint (deploy/tunnel.py), a bearer key if given."""
+    """POST JSON through an HttpEndpoint (connect/tunnel.py), a bearer key if given."""
 
     def __init__(self, endpoint: Any, key: str | None = None) -> None:
         self.endpoint = endpoint

@@ -1,12 +1,12 @@
 """Fidelity probes the `--symptom` next steps end with: small, bounded, standard library
 (the records they fill are the audit's: auditor.model.ProbeResult).
 
-    python3 -m isolate.probe needle --url http://HOST:PORT --tokens 20000
+    python3 -m patchset.isolate.probe needle --url http://HOST:PORT --tokens 20000
         a multi-turn chat: turn 1 plants "the token is X", filler turns follow up to
         about N words, the last turn asks for the token of turn 1; pass if the answer has X
-    python3 -m isolate.probe greedy --url URL --max-tokens 2000
+    python3 -m patchset.isolate.probe greedy --url URL --max-tokens 2000
         the same greedy (temperature 0) generation twice; pass if identical
-    python3 -m isolate.probe throughput --url URL --parallel 32
+    python3 -m patchset.isolate.probe throughput --url URL --parallel 32
         N parallel 256-token generations; prints completion tokens per second
 
 Each prints one JSON line and exits 0 (pass) or 1 (fail, an HTTP error status included);
@@ -19,7 +19,7 @@ with tools in the request (the shape of an agent session, where context loss is 
 reported) and a single long-context needle per size; every result keeps its evidence
 (prompt size sent and seen, answer, latency) so a pass/fail can be argued from the JSON.
 Every request, of these and of the module's own commands, goes to an HTTP endpoint
-(deploy/tunnel.py): `--url` directly from this machine (DirectEndpoint), an inventory
+(connect/tunnel.py): `--url` directly from this machine (DirectEndpoint), an inventory
 host's router (else decode) through the host's own SSH connection, so a server bound to
 the host's 127.0.0.1, or a host known only by an ssh-config alias, is probed as well.
 """
@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from auditor.model import ProbeResult, size_label
-from deploy.tunnel import DirectEndpoint, EndpointError, HttpEndpoint, endpoint_for, role_target
+from patchset.auditor.model import ProbeResult, size_label
+from patchset.connect.tunnel import DirectEndpoint, EndpointError, HttpEndpoint, endpoint_for, role_target
 from patchset.agent.bounded import InputError
 from patchset.errors import HostUnreachable, PatchsetError, UsageError
 
@@ -66,7 +66,7 @@ class HttpStatus(Exception):
 
 def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str | None,
          timeout: float = 600, **extra: Any) -> ChatAnswer:
-    """One chat completion through `endpoint` (deploy/tunnel.py), validated whole
+    """One chat completion through `endpoint` (connect/tunnel.py), validated whole
     (isolate/answers.py); an HTTP error status is HttpStatus, no answer HostUnreachable,
     a body that is not a chat completion an InputError (a ValueError)."""
     body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
@@ -307,7 +307,7 @@ def not_run(spec: FidelitySpec, host: str | None, reason: str) -> FidelityReport
 
 def inventory_host(host: str | None, inventory: str | None) -> Any:
     """The inventory entry (deploy.inventory.Host) `patchset probe HOST` names."""
-    from deploy.inventory import load
+    from patchset.connect.inventory import load
     from patchset.errors import UsageError
     if not host:
         raise UsageError("probe: give HOST (an inventory name) or --url http://HOST:PORT")
@@ -590,7 +590,7 @@ def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeo
 
 def main(argv: list[str] | None = None) -> int:
     from patchset.errors import Exit
-    parser = argparse.ArgumentParser(prog="python3 -m isolate.probe", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m patchset.isolate.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("probe", choices=("needle", "greedy", "throughput"))
     parser.add_argument("--url", required=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import ansible
-from deploy.inventory import Host, load
+from patchset.connect import ansible
+from patchset.connect.inventory import Host, load
 from patchset.errors import ManifestError
 
 INI = """\

@@ -7,8 +7,8 @@ import copy
 import pytest
 from audit_facts import synth
 
-from auditor import api
-from auditor.checks import describe
+from patchset.auditor import api
+from patchset.auditor.checks import describe
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor import api, hostfacts, report
+from patchset.auditor import api, hostfacts, report
 from patchset.agent import gather
 from patchset.transport import AGENT_NAME, agent_files, bundle
 from tests.standin.install import install_standin_local
@@ -139,7 +139,7 @@ def test_secrets_are_redacted_on_the_host_with_comparable_tags(gathered, server)
 def test_audit_on_localhost_end_to_end(server, model) -> None:
     from audit_facts import synth
 
-    from deploy.local import LocalTransport
+    from patchset.connect.local import LocalTransport
     series = synth.real_series(model.parent / "series")
     rep = api.audit(series, [LocalTransport(server["tree"])], "context-loss")
     data = report.to_dict(rep)
@@ -163,7 +163,7 @@ def test_bundle_holds_only_stdlib_modules() -> None:
 
 
 def test_probes_against_the_stand_in(server) -> None:
-    from isolate import probe
+    from patchset.isolate import probe
     url = f"http://127.0.0.1:{server['port']}"
     result = probe.needle(url, 3000, SECRET)
     assert result["ok"] and result["answer"] == result["token"], result

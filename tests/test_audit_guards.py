@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from audit_facts import synth
 
-from auditor import api
-from auditor import guards as audit_guards
-from auditor.states import evaluate_host
+from patchset.auditor import api
+from patchset.auditor import guards as audit_guards
+from patchset.auditor.states import evaluate_host
 from patchset import guards
 
 P, D = "sglang-prefill.service", "sglang-decode.service"

@@ -10,8 +10,8 @@ import copy
 
 from audit_facts import synth
 
-from auditor import api
-from auditor.states import evaluate_host
+from patchset.auditor import api
+from patchset.auditor.states import evaluate_host
 
 D = "sglang-decode.service"
 FWD = "sglang.srt.model_executor.model_runner:ModelRunner.forward"
@@ -197,7 +197,7 @@ def test_unavailable_tracing_is_a_warning(series, seed) -> None:
 
 def test_observed_active_ranks_above_declared_active(series, seed) -> None:
     """Same patch, same deployment: seen running, its score is x `observed` (policy)."""
-    from auditor import policy
+    from patchset.auditor import policy
 
     def score(desc, patch):
         rep = api.evaluate(series, [synth.facts(desc, series)], "context-loss")
@@ -219,7 +219,7 @@ def test_the_trace_command_lists_what_ran_and_exits_1_on_a_contradiction(
     import json
     from pathlib import Path
 
-    from deploy.resolve import Hosts
+    from patchset.connect.resolve import Hosts
     from hostutil import cli
     from test_audit_probe import Replay
     monkeypatch.setenv("PATCHSET_HOME", str(tmp_path / "home"))
@@ -295,7 +295,7 @@ def test_an_unknown_state_whose_code_ran_is_active_observed(series, seed, pinned
     """Unknown (here: an undeclared call-path guard off its default,
     SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 where the pin's default is false) is asserted, not
     known; a call that returned settles it: active, observed, declared unknown."""
-    from auditor import guards as audit_guards
+    from patchset.auditor import guards as audit_guards
     from patchset import guards
     monkeypatch.setattr(audit_guards, "_DERIVED", {})
     audit_guards.use(series, guards.stored(series, pinned_base))

@@ -21,14 +21,14 @@ from audit_facts import synth
 from faketransport import FakeTransport
 from hostutil import free_port, json_server, on_host
 
-from auditor import api, report
-from auditor.rank import Access
-from auditor.render import FORMATS, render
-from deploy.inventory import Host, Inventory
-from deploy.resolve import Hosts
-from deploy.tunnel import DirectEndpoint, endpoint_for, role_target
-from isolate import probe
-from isolate.probe import AuditProbes
+from patchset.auditor import api, report
+from patchset.auditor.rank import Access
+from patchset.auditor.render import FORMATS, render
+from patchset.connect.inventory import Host, Inventory
+from patchset.connect.resolve import Hosts
+from patchset.connect.tunnel import DirectEndpoint, endpoint_for, role_target
+from patchset.isolate import probe
+from patchset.isolate.probe import AuditProbes
 from patchset.cli import main
 from tests import test_probe
 from tests.hosts.nspawn import TestHost

@@ -14,13 +14,13 @@ import pytest
 from audit_facts import synth
 from hostutil import cli
 
-from auditor import api, measured
-from auditor import report as api_report
-from auditor.model import ProbeResult
-from auditor.policy import AuditDataError
-from auditor.rank import Access
-from isolate import drift, driftsearch, driftstats
-from isolate.bisect import BisectReport, BisectStep, measurement, save
+from patchset.auditor import api, measured
+from patchset.auditor import report as api_report
+from patchset.auditor.model import ProbeResult
+from patchset.auditor.policy import AuditDataError
+from patchset.auditor.rank import Access
+from patchset.isolate import drift, driftsearch, driftstats
+from patchset.isolate.bisect import BisectReport, BisectStep, measurement, save
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 ACCESS = Access(ssh={"gpu1": ["ssh", "-p", "22", "root@10.0.0.5"]},
@@ -159,7 +159,7 @@ def test_a_host_with_an_inventory_port_is_probed_by_name_with_the_inventory(seri
         "patchset probe gpu1 --sizes 8k,16k,32k"
     # the standalone probes still take a URL
     greedy = ranked_with(series, seed, named, "decode-quality").next_steps[-1]
-    assert greedy.command == ("python3 -m isolate.probe greedy --url http://10.0.0.5:30000 "
+    assert greedy.command == ("python3 -m patchset.isolate.probe greedy --url http://10.0.0.5:30000 "
                               "--max-tokens 2000")
 
 
@@ -175,8 +175,8 @@ def test_local_remedies_carry_the_options_remote_ones_do_not(series, seed) -> No
 
 
 def test_only_explicit_files_are_carried(tmp_path) -> None:
-    from auditor import cli_support
-    from deploy import inventory as inv
+    from patchset.auditor import cli_support
+    from patchset.connect import inventory as inv
     path = tmp_path / "hosts.yaml"
     path.write_text("version: 1\nhosts:\n  gpu1: {address: 10.0.0.5, roles: {decode: "
                     "{port: 30001}}}\n  gpu2: {address: 10.0.0.6}\n")
@@ -338,7 +338,7 @@ def test_a_drift_probe_that_fails_corroborates_decode_quality(series, seed) -> N
     probe = sym.next_steps[-1]
     assert probe.why.startswith(f"reproduced by this audit's probes: drift {ENDPOINT} on "
                                 f"gpu1: {rep.verdict.why}")
-    assert probe.command == f"python3 -m isolate.probe greedy --url {ENDPOINT} --max-tokens 2000"
+    assert probe.command == f"python3 -m patchset.isolate.probe greedy --url {ENDPOINT} --max-tokens 2000"
 
 
 def test_the_recorded_judgement_is_the_audits_and_an_older_file_is_judged_by_its_threshold(

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from audit_facts import synth
 
-from auditor import api, measured, report
-from auditor.model import ProbeResult
-from auditor.rank import Access
-from auditor.render import FORMATS, chart, render
-from isolate import drift, driftview
+from patchset.auditor import api, measured, report
+from patchset.auditor.model import ProbeResult
+from patchset.auditor.rank import Access
+from patchset.auditor.render import FORMATS, chart, render
+from patchset.isolate import drift, driftview
 from patchset.cli import main
 from test_audit_rank import ENDPOINT, K, ORDER, PROMPTS, bisect_file, state_run
 
@@ -196,7 +196,7 @@ def test_one_chart_implementation_for_the_probe_and_the_audit() -> None:
 
 
 def test_a_drift_record_without_points_charts_its_position_buckets() -> None:
-    from auditor.render import view
+    from patchset.auditor.render import view
     figures = drift.prefill_vs_decode(state_run(set(ORDER))).to_json()    # no points
     charts = view.drift_charts({"probes": [{"probe": "drift", "url": ENDPOINT,
                                             "drift": figures}]})
@@ -274,7 +274,7 @@ def test_cli_unreachable_host_exits_3(cli_env: Path, capsys, monkeypatch) -> Non
 def test_a_measured_cell_says_bounded_only_for_a_bound() -> None:
     """A contribution not above the noise reads as what the search found: only a
     `cleared-group` rests on a bound below the tolerance; `undecided` never reads cleared."""
-    from auditor.render.view import measured_cell
+    from patchset.auditor.render.view import measured_cell
 
     def cell(how: str, value) -> str:
         return measured_cell({"measured": [{"host": "gpu1", "value": value, "low": 0.0,

@@ -11,7 +11,7 @@ import copy
 import pytest
 from audit_facts import synth
 
-from auditor.states import evaluate_host, holds
+from patchset.auditor.states import evaluate_host, holds
 from patchset.model import Requirement
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
@@ -152,7 +152,7 @@ def test_schedulers_that_disagree_are_unknown(series, seed) -> None:
     result = synth.gather_result(desc, series)
     child = result["raw"]["servers"][1]["children"][2]["environ"]
     child["stdout"] = child["stdout"].replace("MMA_FLASHMLA=1", "MMA_FLASHMLA=0")
-    from auditor import hostfacts
+    from patchset.auditor import hostfacts
     st = {(s.server, s.patch): s for s in evaluate_host(series, hostfacts.build("gpu1", result))}
     reason = st[(D, "mma-splitk-decode")].reason
     assert st[(D, "mma-splitk-decode")].state == "unknown"
@@ -211,7 +211,7 @@ def test_condition_semantics(op, found, expected, result) -> None:
 def test_backend_reported_as_auto_is_unknown_not_a_value(series, seed) -> None:
     """/server_info can say `auto`: SGLang resolves it inside the scheduler, so the audit
     must not evaluate a `requires` against the literal string."""
-    from auditor.facttable import Context, resolve
+    from patchset.auditor.facttable import Context, resolve
     server(seed, D)["server_info"] = dict(server(seed, D)["server_info"],
                                           moe_runner_backend="auto")
     host = synth.facts(seed, series)
@@ -229,7 +229,7 @@ def test_an_auto_backend_is_read_where_the_resolved_args_check_reads_it(series, 
     """/server_info says auto, but the scheduler's own copy or the startup line says what
     runs: `requires` and the hazards get that value, from the same reading as the
     resolved-args check (auditor/running.py), and say where it came from."""
-    from auditor.facttable import Context, resolve
+    from patchset.auditor.facttable import Context, resolve
     from patchset.agent.facts.journal import ServerArgsLog
     from test_resolved_args import journal, line
     info = dict(server(seed, D)["server_info"], moe_runner_backend="auto")

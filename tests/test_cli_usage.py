@@ -106,7 +106,7 @@ def test_numbers_and_urls_are_bounded(tmp_path: Path, argv: tuple, message: str)
 
 def test_every_float_option_is_checked_for_a_finite_range() -> None:
     """typer's float parser takes nan, and a min/max lets nan through (every comparison
-    with it is false): each float option carries a callback (patchset/cli/app.py within)
+    with it is false): each float option carries a callback (cli/app.py within)
     that refuses it, so no command can take one unchecked."""
     import typer.main
 
@@ -219,7 +219,7 @@ def test_each_command_is_registered_by_the_module_the_table_names() -> None:
 def test_help_texts_read_as_paragraphs(tmp_path: Path) -> None:
     """At a width nothing needs wrapping (COLUMNS=1000) every command, option and argument
     is one row and every description one line: a help text has no line break of its own
-    mid-sentence (docstrings wrapped in the source are joined, patchset/cli/app.py)."""
+    mid-sentence (docstrings wrapped in the source are joined, cli/app.py)."""
     import typer.main
     from patchset.cli import app, register_commands
     register_commands()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy import units
+from patchset.connect import settings
+from patchset.deploy import units
 from tests.hosts.nspawn import TestHost, run_ssh
 from tests.standin.install import install_standin
 from hostutil import cli, free_ports, http_status, on_host
@@ -17,7 +18,7 @@ from hostutil import cli, free_ports, http_status, on_host
 TREE = "/opt/sglang"
 VENV = "/opt/venv"
 PYTHON = f"{VENV}/bin/python"
-UNITS = [f"sglang-{r}.service" for r in units.ROLES]
+UNITS = [f"sglang-{r}.service" for r in settings.ROLES]
 NASTY = 'two words, a "quote", $HOME, `tick`, back\\slash and 50%'
 API_KEY = 'k3y with "q" $HOME %d back\\slash'       # only ever in /etc/sglang/ROLE.secrets.yaml
 ADMIN_KEY = "adm1n-k3y-for-decode"
@@ -32,7 +33,7 @@ HF_TOKEN = "hf_DeployTestTokenAbCdEf123"
 
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
-    return dict(zip(units.ROLES, free_ports(3)))
+    return dict(zip(settings.ROLES, free_ports(3)))
 
 
 @pytest.fixture()
@@ -52,8 +53,8 @@ def deploy_env(one_host: TestHost, series_dir: Path, patchset_home: Path, monkey
                             "bootstrap_port": ports["prefill"] + 1000},
                 "decode": {"gpus": "2,3", "port": ports["decode"]},
                 "router": {"port": ports["router"], "host": "127.0.0.1"}}
-        for role, settings in (roles or {}).items():
-            base[role] = None if settings is None else {**base[role], **settings}
+        for role, given in (roles or {}).items():
+            base[role] = None if given is None else {**base[role], **given}
         host = {"address": one_host.ip, "port": one_host.port, "user": "root",
                 "identity_file": str(one_host.client_key), "tree": TREE, "python": PYTHON,
                 "serving": {"model_path": "/models/DeepSeek-V4-Flash", "transfer_backend":
@@ -114,7 +115,7 @@ def exec_argv(unit_text: str) -> list[str]:
 
 def files_on(host: TestHost) -> dict[str, str | None]:
     """The unit and env files of every role on the host (None: absent), in one ssh call."""
-    paths = [p for role, unit in zip(units.ROLES, UNITS)
+    paths = [p for role, unit in zip(settings.ROLES, UNITS)
              for p in (f"/etc/systemd/system/{unit}", f"/etc/sglang/{role}.env")]
     script = ("import json, os, sys; print(json.dumps({p: open(p).read() if os.path.exists(p) "
               "else None for p in sys.argv[1:]}))")
@@ -149,7 +150,7 @@ def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, dep
         assert on_host(one_host, f"systemctl is-enabled {unit}").strip() == "enabled"
 
     files = files_on(one_host)
-    for role, unit in zip(units.ROLES, UNITS):
+    for role, unit in zip(settings.ROLES, UNITS):
         pid = main_pid(one_host, unit)
         assert proc_cmdline(one_host, pid) == exec_argv(files[f"/etc/systemd/system/{unit}"])
         env = units.parse_env_file(files[f"/etc/sglang/{role}.env"])
@@ -166,7 +167,7 @@ def test_deploy_all_roles_runs_exactly_what_was_rendered(one_host: TestHost, dep
     lines = all_cmdlines(one_host)
     assert sum("sglang::" in line for line in lines) >= 2           # the scheduler children
     assert not [line for line in lines if API_KEY in line or ADMIN_KEY in line]
-    for role, unit in zip(units.SERVER_ROLES, UNITS):
+    for role, unit in zip(settings.SERVER_ROLES, UNITS):
         config = f"/etc/sglang/{role}.secrets.yaml"
         assert yaml.safe_load(on_host(one_host, f"cat {config}"))["api-key"] == API_KEY
         assert any("sglang.launch_server" in line and f"--config {config}" in line
@@ -372,7 +373,7 @@ def test_a_tree_that_changed_since_render_or_is_locked_is_refused(one_host: Test
     import threading
     import time
 
-    from deploy.ssh import SshTransport
+    from patchset.connect.ssh import SshTransport
     deploy_env()
     prepare_tree(one_host, capsys, "--tier", "safe")
     original = SshTransport.call

@@ -31,7 +31,7 @@ def test_a_generated_page_is_what_the_code_renders(page: str) -> None:
 
 
 def test_the_generated_pages_list_every_command_check_and_code() -> None:
-    from auditor.checks import CHECKS
+    from patchset.auditor.checks import CHECKS
     from patchset.cli.app import command_tree
     from patchset.errors import Exit
     cli = (ROOT / "docs/reference/cli.md").read_text()

@@ -15,8 +15,8 @@ import statistics
 
 import pytest
 
-from isolate import driftdecide as dd
-from isolate.driftdecide import Paired, decide
+from patchset.isolate import driftdecide as dd
+from patchset.isolate.driftdecide import Paired, decide
 
 
 def _sequence_mean(rng: random.Random, scale: float, tokens: int = 64,

@@ -7,7 +7,7 @@ mhc-bf16's change -> the carried state is rounded to bf16" (an unconditional pat
 by reverting) or "MMA_FLASHMLA=1 in the server's environment -> fp16" (the gate of
 mma-splitk-decode: found by unsetting the gate, no code change). Batch-order noise is on
 (STANDIN_NONDETERMINISM), so every verdict is against measured noise. The probe reaches
-the decode server through the host's SSH connection (deploy/tunnel.py)."""
+the decode server through the host's SSH connection (connect/tunnel.py)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import statistics
 
 import pytest
 
-from isolate import conversations, driftsearch
-from isolate.driftstats import (RESOLUTION, Verdict, compare, estimator, exceeds,
+from patchset.isolate import conversations, driftsearch
+from patchset.isolate.driftstats import (RESOLUTION, Verdict, compare, estimator, exceeds,
                                 noise_threshold, percentile, pooled)
 
 
@@ -207,7 +207,7 @@ def test_a_group_neither_told_from_the_noise_nor_bounded_is_undecided_never_clea
     tolerance; a noisy group (mean ~0, wide interval) below a tight tolerance stays
     undecided, the report says so and exits INCONCLUSIVE; with a tolerance above its
     upper bound the same measurements clear it."""
-    from isolate.bisect import BisectReport, _drift_verdict
+    from patchset.isolate.bisect import BisectReport, _drift_verdict
     from patchset.errors import Exit
     noise = driftsearch.Noise(0.0, 0.0)
 

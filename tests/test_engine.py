@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 from patchset import api
 from patchset import transport as wire
 from patchset.transport import raise_for

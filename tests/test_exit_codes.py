@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import patchset
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,7 @@ from patchset.api import HostResult
 from patchset.errors import MEANINGS, Exit
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("patchset", "deploy", "auditor")
+PRODUCT = ("patchset", *patchset.LAYERS)
 # The agent, shipped to hosts with only the standard library (patchset/transport.py
 # `bundle`): patchset.errors does not go with it, so its process exit status (always 0:
 # the result is the JSON line) stays a literal.
@@ -70,7 +71,7 @@ def literal_codes(rel: str, text: str) -> list[str]:
     """Exit codes written as numbers: typer.Exit(N), sys.exit(N), exit_code = N,
     exit_code=N, {"exit_code": N}, and `return N` in CLI modules, `main` and `exit_code`."""
     tree = ast.parse(text, rel)
-    cli = rel.startswith("patchset/cli/")
+    cli = rel.startswith("cli/")
     found = []
 
     def hit(node: ast.AST, what: str) -> None:
@@ -108,7 +109,7 @@ def literal_codes(rel: str, text: str) -> list[str]:
 
 def test_no_literal_exit_codes_in_product_modules() -> None:
     modules = product_modules()
-    assert any(str(p).endswith("patchset/cli/app.py") for p in modules)
+    assert any(str(p).endswith("cli/app.py") for p in modules)
     assert not any(str(p).endswith("patchset/agent/engine.py") for p in modules)
     found = [line for path in modules
              for line in literal_codes(str(path.relative_to(ROOT)), path.read_text("utf-8"))]
@@ -119,9 +120,9 @@ def test_the_scan_sees_literals() -> None:
     text = ("import sys, typer\n\ndef f(r):\n    r.exit_code = 4\n"
             "    if r: raise typer.Exit(3)\n    return 0 if r else 1\n\n"
             "def main():\n    g(exit_code=2, x={'exit_code': 70})\n    sys.exit(130)\n")
-    assert len(literal_codes("patchset/cli/x.py", text)) == 6
+    assert len(literal_codes("cli/x.py", text)) == 6
     assert len(literal_codes("patchset/x.py", text)) == 5     # `return` counts in CLI modules
-    assert literal_codes("patchset/cli/x.py", "raise typer.Exit(Exit.FAILED)\n") == []
+    assert literal_codes("cli/x.py", "raise typer.Exit(Exit.FAILED)\n") == []
 
 
 def test_host_shipped_modules_do_not_import_errors() -> None:

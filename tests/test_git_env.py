@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hostile import snapshot
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 from patchset import api
 from patchset.agent import gitenv
 from patchset.manifest import load_series

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from deploy.tunnel import HttpResponse
+from patchset.connect.tunnel import HttpResponse
 from hostutil import cli
-from isolate import drift, probe
+from patchset.isolate import drift, probe
 from test_drift_answers import SPEC, Computing
 
 TOKEN = re.compile(r"RECALL-[0-9A-F]{8}")
@@ -132,7 +132,7 @@ def test_a_well_formed_chat_answer_passes(server, capsys) -> None:
 
 
 class _Fixed:
-    """An HttpEndpoint (deploy/tunnel.py) answering every request with one body."""
+    """An HttpEndpoint (connect/tunnel.py) answering every request with one body."""
 
     def __init__(self, body: str) -> None:
         self.body = body.encode()

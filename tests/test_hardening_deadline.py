@@ -1,6 +1,6 @@
 """Issue 25, class 9: an HTTP request has ONE deadline, across connect, send, headers and
 body (patchset/agent/httpdeadline.py), in every HTTP client patchset has: the tunnel's
-direct and SSH-channel endpoints (deploy/tunnel.py: probes, drift, bisect, the audit's
+direct and SSH-channel endpoints (connect/tunnel.py: probes, drift, bisect, the audit's
 probes) and the agent's reads on a host (runner.http: /server_info, /model_info; the
 deployer's /health wait). A server that drips a byte at a time never trips a per-operation
 socket timeout; here it must be given up within the timeout plus slack, as the one-line
@@ -22,7 +22,7 @@ from typing import Callable
 import pytest
 from test_cli_usage import cli
 
-from deploy.tunnel import DirectEndpoint, SshEndpoint
+from patchset.connect.tunnel import DirectEndpoint, SshEndpoint
 from patchset.agent import deployer, httpdeadline
 from patchset.agent.facts.base import Command
 from patchset.agent.redact import Redactor

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 from hostutil import TREE, clean_tree, cli, on_host
 from patchset import api
 from patchset.cli import main

@@ -180,7 +180,7 @@ def test_a_patch_file_linking_outside_the_series_is_refused(world: World, tmp_pa
 
 
 def test_policy_data_is_checked_against_the_fact_table(tmp_path: Path) -> None:
-    from auditor import policy
+    from patchset.auditor import policy
     data = Path(policy.__file__).parent / "data"
     for name in ("hazards.yaml", "tensors.yaml", "symptoms.yaml"):
         (tmp_path / name).write_bytes((data / name).read_bytes())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hostutil import cli
-from isolate import drift
+from patchset.isolate import drift
 from patchset import transport
 from patchset.agent import engine
 
@@ -93,7 +93,7 @@ def test_a_saved_run_value_out_of_range_is_named(tmp_path: Path, capsys, seq_fie
 
 @pytest.mark.parametrize("case", CASES[:8], ids=[c[0] for c in CASES[:8]])
 def test_a_hostile_bisect_report_is_bad_input(tmp_path: Path, case) -> None:
-    from auditor.measured import MeasuredError, load
+    from patchset.auditor.measured import MeasuredError, load
     from patchset.manifest import load_series
     _, text, fragment = case
     path = _write(tmp_path / "report.json", text)
@@ -156,7 +156,7 @@ def test_a_damaged_bisect_record_on_the_host_is_a_target_error(record, fragment)
     import socket
     from types import SimpleNamespace
 
-    from isolate import bisect
+    from patchset.isolate import bisect
     from patchset.errors import TargetError
     if isinstance(record, dict):
         record = {"controller": socket.gethostname(), **record}

@@ -20,7 +20,7 @@ from typing import Callable
 
 import pytest
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 from hostutil import TREE, clean_tree, cli, on_host
 from patchset import api
 from patchset import transport as wire

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 from hostutil import cli
 from patchset import api
 from patchset.agent import safewrite

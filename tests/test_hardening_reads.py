@@ -120,7 +120,7 @@ def test_known_hosts_keys_load_as_paramiko_loads_them(tmp_path: Path) -> None:
     """The checked text gives the keys HostKeys.load gives (plain, hashed, several names,
     comments and unreadable lines skipped)."""
     import paramiko
-    from deploy.ssh import load_known_hosts
+    from patchset.connect.ssh import load_known_hosts
     key = paramiko.RSAKey.generate(1024)
     hashed = paramiko.HostKeys.hash_host("h3.example")
     path = tmp_path / "known_hosts"

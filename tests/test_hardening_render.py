@@ -16,8 +16,8 @@ import re
 import pytest
 from audit_facts import synth
 
-from auditor import api, report
-from auditor.render import chart, render
+from patchset.auditor import api, report
+from patchset.auditor.render import chart, render
 from patchset import escaping
 
 HOSTILE = ("evil|pipe\x1b[31mRED\x1b[0m\r\n# HEAD <script>alert(1)</script> "

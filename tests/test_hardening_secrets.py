@@ -29,18 +29,19 @@ import pytest
 import yaml
 from audit_facts import synth
 
-from auditor import api, hostfacts
+from patchset.auditor import api, hostfacts
 from patchset.agent.facts import procs
 from patchset.agent import gather
 from patchset.agent import runner as runner_mod
 from patchset.agent.redact import MARK, Redactor, redact_text, spellings
-from deploy import deploy as dep
-from deploy.resolve import Hosts
+from patchset.deploy import deploy as dep
+from patchset.connect.resolve import Hosts
 from patchset import transport as wire
 from faketransport import FakeTransport
-from deploy import units
+from patchset.connect import settings
+from patchset.deploy import units
 from patchset.agent import deployer
-from deploy.inventory import Host, load
+from patchset.connect.inventory import Host, load
 from patchset.cli import main
 from patchset.errors import ManifestError, TargetError, UsageError
 from hostutil import http_status
@@ -91,7 +92,7 @@ def host(**roles) -> Host:
 
 def rendered(h: Host | None = None) -> dict[str, units.Rendered]:
     h = h or host()
-    return units.render(h, units.resolve(h, [r for r in units.ROLES if r in h.roles],
+    return units.render(h, units.resolve(h, [r for r in settings.ROLES if r in h.roles],
                                          "/opt/sglang", {"applied": APPLIED}, "git"))
 
 
@@ -256,7 +257,7 @@ def test_redaction_leaves_what_is_not_a_secret(line: str) -> None:
 def test_known_values_are_masked_in_any_spelling() -> None:
     red = Redactor(known=[API_KEY, ADMIN_KEY])
     text = (f"Traceback: ValueError({API_KEY!r}) json {json.dumps(API_KEY)} env "
-            f"{units.env_value(API_KEY)} unit {API_KEY.replace('%', '%%').replace('$', '$$')} "
+            f"{settings.env_value(API_KEY)} unit {API_KEY.replace('%', '%%').replace('$', '$$')} "
             f"prose {ADMIN_KEY} end")
     out = red.text(text)
     assert_clean(out, (API_KEY, ADMIN_KEY))
@@ -299,7 +300,7 @@ def facts(installed: dict | None = None) -> dict:
                      "state_sha256": "s" * 64, "applied": APPLIED, "updated": "x"},
             "roles": {r: {"unit_text": None, "env_text": None, "config_text": None,
                           "systemd": {"ActiveState": "active"}, "stale": False,
-                          **installed.get(r, {})} for r in units.ROLES}}
+                          **installed.get(r, {})} for r in settings.ROLES}}
 
 
 def test_dry_run_result_never_holds_a_secret_old_or_new() -> None:
@@ -320,7 +321,7 @@ def test_dry_run_result_never_holds_a_secret_old_or_new() -> None:
 
 def test_the_runner_request_carries_the_config_and_what_to_redact() -> None:
     done = {"ok": True, "deployed": True, "changed": True, "failed": None, "rollback": None,
-            "actions": {r: ["installed"] for r in units.ROLES}, "restart_reasons": {}}
+            "actions": {r: ["installed"] for r in settings.ROLES}, "restart_reasons": {}}
     channel = ScriptedChannel(facts(old_files()), done)
     dep.deploy_units(host(), channel, "/opt/sglang")
     request = channel.requests[-1]

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from auditor import api, exporter, httpd
-from auditor.model import HostFacts
+from patchset.auditor import api, exporter, httpd
+from patchset.auditor.model import HostFacts
 
 CLIENT_TIMEOUT = 1.0
 SLACK = 1.5

@@ -269,11 +269,16 @@ def test_rules_match_whole_strings_only() -> None:
 
 
 def _product_modules():
-    import auditor
-    import deploy
+    """Every module of the product: patchset's own folder and each layer's folder, walked
+    one by one (patchset.__path__ also holds the checkout root, which is not a package)."""
     import patchset
-    for package in (patchset, deploy, auditor):
-        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    packages = [("patchset", Path(patchset.__file__).parent)]
+    for layer in patchset.LAYERS:
+        package = importlib.import_module(f"patchset.{layer}")
+        packages.append((package.__name__, Path(package.__file__).parent))
+    yield patchset
+    for name, folder in packages:
+        for info in pkgutil.walk_packages([str(folder)], name + "."):
             if info.name.endswith("__main__"):
                 continue
             yield importlib.import_module(info.name)
@@ -316,8 +321,8 @@ def test_a_non_ascii_digit_from_a_host_is_not_a_number(text: str) -> None:
     '٥', which int() reads as 5: host data is a number only in ASCII digits."""
     import io
 
-    from auditor.facttable import _visible
-    from deploy.tunnel import EndpointError, _bounded
+    from patchset.auditor.facttable import _visible
+    from patchset.connect.tunnel import EndpointError, _bounded
     from patchset.agent.facts.systemd import main_started
     from patchset.agent.staleness import epoch
 

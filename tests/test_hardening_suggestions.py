@@ -22,7 +22,7 @@ import pytest
 from audit_facts import synth
 from test_audit_observed import traced
 
-from auditor import api
+from patchset.auditor import api
 from patchset.cli import main
 from patchset.cli.app import app, command_name, register_commands
 
@@ -137,7 +137,7 @@ def test_an_applied_fix_is_never_suggested_again(series, capsys, symptom) -> Non
 
 def test_a_suggested_selection_pulls_in_dependencies_in_series_order(series, capsys) -> None:
     """A host without the fix's dependency chain: the command names what `plan` takes."""
-    from auditor.rank import suggested_plan
+    from patchset.auditor.rank import suggested_plan
     command = suggested_plan(series, ["mhc-bf16", "indexer-bf16-gemm", "mhc-bf16"], "gpu1")
     assert command == "patchset plan --only triton-dsa-indexer,indexer-bf16-gemm,mhc-bf16 gpu1"
     run_suggested(series, command, capsys)

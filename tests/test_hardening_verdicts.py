@@ -17,9 +17,9 @@ import pytest
 
 from hostutil import cli, json_server
 
-from auditor.render import view
-from isolate import probe as probe_mod
-from isolate.bisect import BisectProbe
+from patchset.auditor.render import view
+from patchset.isolate import probe as probe_mod
+from patchset.isolate.bisect import BisectProbe
 
 
 class Server:
@@ -121,7 +121,7 @@ def test_the_audit_view_of_an_unjudged_probe_is_unknown() -> None:
     assert view.probe_status({"ok": False, "unreachable": False}) == "fail"
 
 
-# ---------------------------------------------------------------- python3 -m isolate.probe
+# ---------------------------------------------------------------- python3 -m patchset.isolate.probe
 
 @pytest.mark.parametrize(("which", "reply"), [
     ("greedy", answer("")),
@@ -165,7 +165,7 @@ def test_a_bisect_probe_that_could_not_judge_is_no_verdict(server: Server) -> No
 def test_trace_with_nothing_observed_exits_5(series, seed, tmp_path: Path, monkeypatch,
                                             capsys) -> None:
     from audit_facts import synth  # noqa: F401 (the seed's facts: no server traced)
-    from deploy.resolve import Hosts
+    from patchset.connect.resolve import Hosts
     from test_audit_probe import Replay
     monkeypatch.setenv("PATCHSET_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(Path(series.root))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.inventory import Host, load, parse_spec
+from patchset.connect.inventory import Host, load, parse_spec
 from patchset.errors import ManifestError, UsageError
 
 GOOD = """\

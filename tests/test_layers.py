@@ -1,53 +1,71 @@
-"""Dependencies point one way (DESIGN.md): every import of every product module, read with
-ast (function-level imports included), against the layering
+"""Dependencies point one way (DESIGN.md), and the folders show it: each layer is a folder
+at the top of the repository, installed as a subpackage of the one package `patchset`
+(pyproject's package-dir; patchset/__init__.py resolves the same names in a checkout).
+Every import of every product module is read with ast (function-level imports included)
+and checked against the layering, top first:
 
-    isolate/ (probe, bisect)                          uses all three below
-    deploy/ (units, inventory, transports)            uses patchset/ only
-    auditor/ (facts, states, checks, rank, report)    uses patchset/ only (read-only)
-    patchset/ (queue, selection, engine, interop, rebase)
+    cli/       patchset.cli        the commands; nothing imports it
+    isolate/   patchset.isolate    probe, drift, bisect: uses every layer below
+    deploy/    patchset.deploy     the unit deployer: uses connect/ and patchset/
+    auditor/   patchset.auditor    facts, states, checks, rank, report (read-only):
+                                   uses patchset/ only
+    connect/   patchset.connect    the fleet (inventory) and the ways to reach a host
+                                   (local, SSH, HTTP through SSH): uses patchset/ only
+    patchset/  patchset            the queue and the agent: imports no layer above
 
-with patchset/cli/ on top, tying them together. The audit reads what the queue and deploy
-wrote and never sends a probe (the CLI passes isolate's probes in as
-`auditor.api.HostProbes`); deploy never runs the audit.
-The CLI's command modules share plumbing only through patchset/cli/app.py. bench/ imports
-no test module: what it shares with the tests is bench/hostsetup.py, which tests import; it
-boots hosts with the test-host harness packages (tests/hosts/, tests/standin/), which
-import no test module either."""
+The audit reads what the queue and deploy wrote and never sends a probe (the CLI passes
+isolate's probes in as `patchset.auditor.api.HostProbes`); deploy never runs the audit.
+The CLI's command modules share plumbing only through cli/app.py. bench/ imports no test
+module: what it shares with the tests is bench/hostsetup.py, which tests import; it boots
+hosts with the test-host harness packages (tests/hosts/, tests/standin/), which import no
+test module either."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import sysconfig
+import tomllib
 from pathlib import Path
 
+import patchset
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("patchset", "deploy", "auditor", "isolate")
+# Module prefix -> its folder; the bottom layer is the package itself (patchset/).
+FOLDERS = {"patchset": "patchset", **{f"patchset.{layer}": layer for layer in patchset.LAYERS}}
+PACKAGES = tuple(FOLDERS)
 CLI = "patchset.cli"
 
 # What each layer must not import (a module name, or a package and everything under it).
 FORBIDDEN = {
-    "patchset": ("deploy", "auditor", "isolate"),     # except patchset.cli (below)
-    "deploy": ("auditor", "isolate"),
-    "auditor": ("deploy", "isolate"),
-    "isolate": (),
+    "patchset": tuple(f"patchset.{layer}" for layer in patchset.LAYERS),
+    "patchset.connect": ("patchset.cli", "patchset.isolate", "patchset.deploy",
+                         "patchset.auditor"),
+    "patchset.auditor": ("patchset.cli", "patchset.isolate", "patchset.deploy",
+                         "patchset.connect"),
+    "patchset.deploy": ("patchset.cli", "patchset.isolate", "patchset.auditor"),
+    "patchset.isolate": ("patchset.cli",),
+    "patchset.cli": (),
 }
 # (importing module, imported module) pairs allowed across a rule, each with its reason.
 # Empty: no exception is needed today; add one only with the why next to it.
 ALLOWED: dict[tuple[str, str], str] = {}
 # The test-host harness bench may use: nspawn hosts, the stand-in server (stdlib only).
 HARNESS = ("tests.hosts", "tests.standin")
-# patchset/cli modules that are not commands: the package registers the commands (it
-# imports each one so typer knows it), __main__ runs it, app is the shared plumbing.
+# cli modules that are not commands: the package registers the commands (it imports each
+# one so typer knows it), __main__ runs it, app is the shared plumbing.
 CLI_NOT_COMMANDS = {f"{CLI}", f"{CLI}.__main__", f"{CLI}.app"}
 
 
 def modules() -> dict[str, Path]:
+    """Every product module by its installed name, found by walking the layer folders."""
     out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for prefix, folder in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[".".join(parts)] = path
+            out[".".join([prefix, *parts])] = path
     return out
 
 
@@ -80,7 +98,9 @@ def within(module: str, package: str) -> bool:
 
 
 def layer(name: str) -> str:
-    return name.split(".")[0]
+    """The layer a module belongs to: its folder's package name."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if ".".join(parts[:2]) in FOLDERS else parts[0]
 
 
 def violations() -> list[str]:
@@ -93,12 +113,12 @@ def violations() -> list[str]:
                 if (name not in CLI_NOT_COMMANDS and within(imported, CLI)
                         and imported not in (CLI, f"{CLI}.app")):
                     found.append(f"{name} imports the command module {imported} (share "
-                                 "helpers through patchset/cli/app.py or a library)")
+                                 "helpers through cli/app.py or a library)")
                 continue
             for other in FORBIDDEN[layer(name)]:
                 if within(imported, other):
-                    found.append(f"{name} imports {imported}: {layer(name)}/ must not "
-                                 f"import {other}/")
+                    found.append(f"{name} imports {imported}: {FOLDERS[layer(name)]}/ "
+                                 f"must not import {FOLDERS[other]}/")
     return found
 
 
@@ -107,7 +127,7 @@ def test_the_scan_sees_every_layer() -> None:
         assert any(layer(name) == package for name in MODULES), package
     assert imports("patchset.cli.queue", MODULES["patchset.cli.queue"]) >= {
         "patchset.cli.app", "patchset.api"}                   # relative, lazy ones too
-    assert "isolate.probe" in imports("patchset.cli.audit", MODULES["patchset.cli.audit"])
+    assert "patchset.isolate.probe" in imports("patchset.cli.audit", MODULES["patchset.cli.audit"])
 
 
 def test_dependencies_point_one_way() -> None:
@@ -159,3 +179,39 @@ def test_bench_imports_no_test_module() -> None:
                     found.append(f"{path.relative_to(ROOT)} imports {imported}")
     assert "hostutil" in tests and "test_audit_hosts" in tests
     assert found == []
+
+
+def _packages_in(folder: str, prefix: str) -> set[str]:
+    return {".".join([prefix, *p.parent.relative_to(ROOT / folder).parts])
+            for p in (ROOT / folder).rglob("__init__.py")}
+
+
+def test_the_folders_are_the_layers() -> None:
+    """What `ls` shows is the layering: every top-level folder holding a Python package is
+    a layer (or the tests, benchmarks and dev tools), and pyproject installs each one, and
+    every package in it, under `patchset`."""
+    found = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert found - {"tests", "bench", "dev"} == set(FOLDERS.values())
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]
+    assert setuptools["package-dir"] == FOLDERS
+    wanted = set().union(*(_packages_in(folder, prefix) for prefix, folder in FOLDERS.items()))
+    data_only = set(setuptools["packages"]) - wanted      # folders of data, no code
+    assert wanted <= set(setuptools["packages"])
+    assert data_only == set(setuptools["package-data"])
+    for package in data_only:
+        prefix, _, rest = package.partition(".")
+        layer, _, sub = rest.partition(".")
+        folder = ROOT / FOLDERS[f"{prefix}.{layer}"] / sub.replace(".", "/")
+        assert folder.is_dir() and not list(folder.rglob("*.py")), package
+
+
+def test_the_installed_wheel_claims_no_name_but_patchset() -> None:
+    """pip installs one top-level package (RECORD, top_level.txt), holding exactly this
+    tree's modules (`make test` installs the tree before the suite runs)."""
+    site = sysconfig.get_paths()["purelib"]      # not a checkout's patchset.egg-info
+    dist, = importlib.metadata.distributions(name="patchset", path=[site])
+    files = [f for f in dist.files or () if f.suffix == ".py" and f.parts[0] != ".."]
+    assert {f.parts[0] for f in files} == {"patchset"}
+    assert (dist.read_text("top_level.txt") or "").split() == ["patchset"]
+    installed = {".".join(f.with_suffix("").parts).removesuffix(".__init__") for f in files}
+    assert installed == set(MODULES), "the installed patchset is not this tree: run make test"

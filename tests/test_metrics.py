@@ -20,10 +20,10 @@ import yaml
 from audit_facts import synth
 from prometheus_client.parser import text_string_to_metric_families
 
-from auditor import api, exporter, metrics, report
-from auditor.model import HostFacts, ProbeResult
+from patchset.auditor import api, exporter, metrics, report
+from patchset.auditor.model import HostFacts, ProbeResult
 from hostutil import cli
-from isolate import drift
+from patchset.isolate import drift
 from patchset.errors import UsageError
 from test_standin import http
 from test_audit_hosts import D, P, SEED_STATES

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from auditor import report as report_mod
+from patchset.auditor import report as report_mod
 from hostutil import cli
 from test_audit_hosts import (  # noqa: F401 - env and audit_env are the fixtures used here
     D,

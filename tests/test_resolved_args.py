@@ -20,9 +20,9 @@ import pytest
 import xml.etree.ElementTree as ET
 from audit_facts import synth
 
-from auditor import api, hostfacts, policy, report
-from auditor.render import render
-from auditor.resolved import ANY
+from patchset.auditor import api, hostfacts, policy, report
+from patchset.auditor.render import render
+from patchset.auditor.resolved import ANY
 from hostutil import cli
 from patchset.agent.facts import FactValue, get
 from patchset.agent.facts.journal import ServerArgsLog, parse_server_args

@@ -13,7 +13,7 @@ from patchset.manifest import load_series
 from patchset.selection import Selection, plan
 from patchset.upstream import materialize
 
-from deploy.local import LocalTransport
+from patchset.connect.local import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = b'''import os

@@ -1,4 +1,4 @@
-"""deploy/tunnel.py: HTTP to a host's servers through the host's own SSH connection, on a
+"""connect/tunnel.py: HTTP to a host's servers through the host's own SSH connection, on a
 real nspawn host with a real sshd (no mocks of paramiko).
 
 The server under test is `python3 -m http.server` inside the host, bound to 127.0.0.2
@@ -23,10 +23,10 @@ import pytest
 import yaml
 from hostutil import free_port, on_host
 
-from deploy import inventory as inv
-from deploy.resolve import Hosts
-from deploy.ssh import HostKeyRefused
-from deploy.tunnel import (DirectEndpoint, EndpointError, SshEndpoint, endpoint_for,
+from patchset.connect import inventory as inv
+from patchset.connect.resolve import Hosts
+from patchset.connect.ssh import HostKeyRefused
+from patchset.connect.tunnel import (DirectEndpoint, EndpointError, SshEndpoint, endpoint_for,
                            role_target)
 from patchset.errors import Exit, HostUnreachable, UsageError
 from tests.hosts.nspawn import TestHost

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy import deploy as dep
-from deploy.local import LocalTransport
+from patchset.deploy import deploy as dep
+from patchset.connect.local import LocalTransport
 from patchset import transport as wire
 from faketransport import FakeTransport
-from deploy import units
+from patchset.connect import settings
+from patchset.deploy import units
 from patchset.agent import deployer
-from deploy.inventory import Host, load
+from patchset.connect.inventory import Host, load
 from patchset.agent import engine, staleness
 from patchset.cli import DeployView, main
 from patchset.errors import ManifestError, TargetError, UsageError
@@ -45,7 +46,7 @@ def host(**roles) -> Host:
 
 def rendered(h: Host | None = None, applied=APPLIED, layout: str = "git") -> dict:
     h = h or host()
-    return units.render(h, units.resolve(h, [r for r in units.ROLES if r in h.roles],
+    return units.render(h, units.resolve(h, [r for r in settings.ROLES if r in h.roles],
                                          "/opt/sglang", {"applied": applied}, layout))
 
 
@@ -58,23 +59,23 @@ NASTY_ENV = ["plain", "two words", "dollar $HOME and ${X}", 'a "quoted" word', "
 
 @pytest.mark.parametrize("value", NASTY_ENV)
 def test_env_values_round_trip_through_systemds_parser(value: str) -> None:
-    text = f"# c\nK={units.env_value(value)}\n"
+    text = f"# c\nK={settings.env_value(value)}\n"
     assert units.parse_env_file(text) == {"K": value}
 
 
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\0b", "a\x1bb"])
 def test_env_values_with_newlines_or_control_characters_are_refused(value: str) -> None:
-    with pytest.raises(units.SettingError, match="no newlines or control characters"):
-        units.env_value(value)
+    with pytest.raises(settings.SettingError, match="no newlines or control characters"):
+        settings.env_value(value)
 
 
 def test_exec_words_escape_specifiers_and_quote_spaces() -> None:
-    assert units.exec_line(["/opt/venv/bin/python", "-m", "x", "--a", "50%", "$HOME",
+    assert settings.exec_line(["/opt/venv/bin/python", "-m", "x", "--a", "50%", "$HOME",
                             "two words"]) == (
         '/opt/venv/bin/python -m x --a 50%% "$$HOME" "two words"')
     for bad in ['a"b', "a'b", "a\\b", "a\nb", ";", ""]:
-        with pytest.raises(units.SettingError):
-            units.exec_word(bad)
+        with pytest.raises(settings.SettingError):
+            settings.exec_word(bad)
 
 
 # ---------------------------------------------------------------- the schema
@@ -99,11 +100,11 @@ def test_settings_schema_refuses_with_the_key_path() -> None:
         ("router", {"prefill": ["ftp://x"]}, ("prefill", 0), "URL"),
         (None, {"port": 1}, ("port",), "unknown key"),
     ]
-    for role, settings, path, message in cases:
-        with pytest.raises(units.SettingError, match=message) as info:
-            units.check_settings(role, settings)
-        assert info.value.path == path, (role, settings)
-    good = units.check_settings("prefill", {"gpus": "0,1", "port": 30000, "tp": 2,
+    for role, given, path, message in cases:
+        with pytest.raises(settings.SettingError, match=message) as info:
+            settings.check_settings(role, given)
+        assert info.value.path == path, (role, given)
+    good = settings.check_settings("prefill", {"gpus": "0,1", "port": 30000, "tp": 2,
                                             "extra_args": ["--mem-fraction-static", 0.85],
                                             "env": {"NCCL_DEBUG": "WARN", "N": 1}})
     assert good["extra_args"] == ["--mem-fraction-static", "0.85"]
@@ -321,7 +322,7 @@ def facts(installed: dict | None = None, applied=APPLIED, active: str = "active"
             "roles": {r: {"unit_text": installed.get(r, (None, None))[0],
                           "env_text": installed.get(r, (None, None))[1],
                           "systemd": {"ActiveState": active}, "stale": False}
-                      for r in units.ROLES}}
+                      for r in settings.ROLES}}
 
 
 def test_dry_run_shows_the_diff_and_what_would_restart() -> None:
@@ -331,7 +332,7 @@ def test_dry_run_shows_the_diff_and_what_would_restart() -> None:
                      "TRITON_INDEXER=1", "TRITON_INDEXER=0"))}
     channel = ScriptedChannel(facts(installed))
     result = dep.deploy_units(host(), channel, "/opt/sglang", dry_run=True)
-    assert result.ok and result.dry_run and [r.role for r in result.roles] == list(units.ROLES)
+    assert result.ok and result.dry_run and [r.role for r in result.roles] == list(settings.ROLES)
     by = {r.role: r for r in result.roles}
     assert not by["prefill"].changed and by["prefill"].restart is None and by["prefill"].diff == ""
     assert by["decode"].changed and "-TRITON_INDEXER=0\n+TRITON_INDEXER=1\n" in by["decode"].diff

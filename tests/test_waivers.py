@@ -16,12 +16,12 @@ import pytest
 from audit_facts import synth
 from test_audit_probe import Replay
 
-from auditor import api, report, waivers
-from auditor.checks import CHECKS
-from auditor.model import Finding
-from auditor.policy import load as load_policy
-from auditor.render import render
-from deploy.resolve import Hosts
+from patchset.auditor import api, report, waivers
+from patchset.auditor.checks import CHECKS
+from patchset.auditor.model import Finding
+from patchset.auditor.policy import load as load_policy
+from patchset.auditor.render import render
+from patchset.connect.resolve import Hosts
 from patchset import escaping
 from patchset.cli import main
 from patchset.errors import ManifestError, UsageError
@@ -578,7 +578,7 @@ def test_serve_reports_what_one_audit_of_all_the_hosts_reports(series, tmp_path)
     its /report.json is the report of one audit of every host (summary, findings, the
     waivers section), pd-consistency pairs servers across hosts, a waiver used on one
     host only is not unused, and one that matches nothing is unused on every host."""
-    from auditor.exporter import Exporter
+    from patchset.auditor.exporter import Exporter
     path = tmp_path / "w.yaml"
     path.write_text(waiver_text(
         entry(host="gpu*", subject="*", justification="first", expires="2020-01-01"),
@@ -602,7 +602,7 @@ def test_serve_reports_what_one_audit_of_all_the_hosts_reports(series, tmp_path)
 
 
 def test_a_waiver_whose_hosts_were_all_unreachable_is_not_called_unused(series) -> None:
-    from auditor.model import HostFacts
+    from patchset.auditor.model import HostFacts
     down = HostFacts(host="gpu9", reachable=False, error="ssh: connection refused")
     rep = api.evaluate(series, [synth.facts(healthy_seed(), series, host="gpu1"), down],
                        None, waivers=waivers.WaiverFile("w.yaml", (waiver(host="gpu9"),)),

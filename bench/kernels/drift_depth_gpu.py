@@ -67,10 +67,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from isolate import driftdecide                                        # noqa: E402
-from isolate.driftdecide import (DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE,  # noqa: E402
+from patchset.isolate import driftdecide                                        # noqa: E402
+from patchset.isolate.driftdecide import (DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE,  # noqa: E402
                                  Paired, decide)
-from isolate.driftstats import Verdict, compare                         # noqa: E402
+from patchset.isolate.driftstats import Verdict, compare                         # noqa: E402
 
 # the decision code this process decides with (read at import: what a report names)
 DECIDE_SHA = hashlib.sha256(Path(driftdecide.__file__).read_bytes()).hexdigest()[:16]

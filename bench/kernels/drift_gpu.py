@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 import torch                                               # noqa: E402
 import torch.nn.functional as F                            # noqa: E402
 
-from isolate.driftstats import Verdict, compare             # noqa: E402
+from patchset.isolate.driftstats import Verdict, compare             # noqa: E402
 
 N_STREAMS, WIDTH, LAYERS, HEADS, VOCAB = 4, 1024, 8, 8, 8192
 

@@ -639,7 +639,7 @@ def run_servers(dirs: dict[str, Path], targets: dict, dry: bool, modes: list[str
                 timeout: int) -> dict:
     """Start every (server, mode) at once, as units would be; wait; return their results
     and records dirs."""
-    from deploy import units
+    from patchset.deploy import units
     applied = [{"name": p["name"], "sha256": p["sha256"], "path": p["path"]}
                for p in targets["series"]]
     runs = {}
@@ -682,8 +682,8 @@ def run_servers(dirs: dict[str, Path], targets: dict, dry: bool, modes: list[str
 def judge(run: dict, targets: dict) -> dict:
     """The records dir through the gatherer's primitive, the fact's parser and the
     auditor's rule: per process and for the whole server."""
-    from auditor.model import Proc, Server
-    from auditor.observed import modes_ran, observe, unavailable
+    from patchset.auditor.model import Proc, Server
+    from patchset.auditor.observed import modes_ran, observe, unavailable
     from patchset.agent.facts.base import FactValue
     from patchset.agent.facts.trace import TraceRecords
     from patchset.agent.redact import Redactor
@@ -881,7 +881,7 @@ def controller(args) -> int:
 
 
 def measure_cost(dirs: dict[str, Path], targets: dict, dry: bool, args) -> dict:
-    from deploy import units
+    from patchset.deploy import units
     applied = [{"name": p["name"], "sha256": p["sha256"], "path": p["path"]}
                for p in targets["series"]]
     traces = dict(targets["bench"])

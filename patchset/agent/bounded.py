@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 KIB, MIB = 1024, 1024 * 1024
 MAX_DEPTH = 64             # the deepest JSON the tool reads (a drift run) is 5 levels
 MAX_INT_DIGITS = 30        # token ids, sizes, pids, times: 20 digits hold any 64-bit value
-JSON_LIMIT = 64 * MIB      # a server's answer (deploy/tunnel.py MAX_BODY) and most files
+JSON_LIMIT = 64 * MIB      # a server's answer (connect/tunnel.py MAX_BODY) and most files
 
 
 class InputError(ValueError):

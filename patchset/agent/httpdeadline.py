@@ -8,7 +8,7 @@ is set to what is left of the exchange's time, and when nothing is left that is
 `socket.timeout`, the same failure as a silent peer, so every caller's existing
 "no answer" path reports it.
 
-Used by the controller's one HTTP client (deploy/tunnel.py: direct and through an SSH
+Used by the controller's one HTTP client (connect/tunnel.py: direct and through an SSH
 channel), by the agent's reads of a server on its host (`get`: /server_info, /health),
 and by `patchset serve`'s connections (auditor/exporter.py). It lives in the agent
 package because the agent may import only the standard library and itself (Python 3.8

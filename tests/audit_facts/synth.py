@@ -260,5 +260,5 @@ def variant(series: Series, **changes: dict) -> Series:
 
 
 def facts(desc: dict, series: Series, host: str = "gpu1"):
-    from auditor import hostfacts
+    from patchset.auditor import hostfacts
     return hostfacts.build(host, gather_result(desc, series))

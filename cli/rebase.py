@@ -1,7 +1,7 @@
 """`patchset rebase --onto REF`: move the series to another upstream release (the library
 does the work: patchset/rebase.py); this renders the per-patch outcomes."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why); a name imported only for type checking is quoted.
 
 from pathlib import Path

@@ -134,7 +134,7 @@ class SshTransport:
     def open_channel(self, host: str, port: int, timeout: float = CONNECT_TIMEOUT):
         """A `direct-tcpip` channel to host:port as the host itself sees it, on this
         transport's one connection (host key checked, ProxyJump hops included): how
-        deploy/tunnel.py reaches a server bound to the host's loopback, or a host known
+        connect/tunnel.py reaches a server bound to the host's loopback, or a host known
         only by an ssh-config alias. Only bytes travel; no command or shell is involved."""
         import paramiko
         conn = self.connection()

@@ -3,7 +3,7 @@ until the probe flips; the host always ends as it started (the library: isolate/
 which also holds the recovery by which the next apply/revert/deploy finishes the restore
 of a bisect whose run is gone)."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why); a name imported only for type checking is quoted.
 
 from pathlib import Path
@@ -52,8 +52,8 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     suspects stay undecided (drift: neither told from the noise nor bounded below the
     tolerance, never cleared; recall/needle: the probe could not judge a state), 130
     Ctrl-C."""
-    from isolate import bisect as bisector
-    from isolate.probe import parse_kinds, parse_sizes, parse_url
+    from patchset.isolate import bisect as bisector
+    from patchset.isolate.probe import parse_kinds, parse_sizes, parse_url
     s = load(series)
     kinds = parse_kinds(probe, "--probe") if probe != "drift" else ("drift",)
     sizes_checked, url_checked = parse_sizes(sizes), parse_url(url) if url else None
@@ -63,15 +63,15 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
             bisector.restore_pending(t, say)
             return
         if probe == "drift":
-            from isolate.drift import DriftSpec
-            from isolate.httpjson import client_for
+            from patchset.isolate.drift import DriftSpec
+            from patchset.isolate.httpjson import client_for
             plan = bisector.DriftProbe(
                 client_for(host, url_checked, None, api_key_env, resolver=resolver),
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
                           timeout=probe_timeout, k=sigmas, tolerance=tolerance,
                           confidence=confidence, budget=budget))
         else:
-            from isolate.probe import direct
+            from patchset.isolate.probe import direct
             plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,
                                         endpoint=direct(url_checked) if url_checked
                                         else resolver.endpoint(host),

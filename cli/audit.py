@@ -1,6 +1,6 @@
 """The audit command."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why); a name imported only for type checking is quoted.
 
 import sys
@@ -46,10 +46,10 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     run the checks (and with --probe the fidelity probes of `patchset probe`), apply the
     waivers, rank suspects for a symptom. Exit 0 clean (waived findings aside), 1 findings
     (a failed probe too), 3 unreachable."""
-    from auditor import cli_support
-    from auditor.measured import load_all as load_measured
-    from auditor.render import render
-    from isolate.probe import audit_probes
+    from patchset.auditor import cli_support
+    from patchset.auditor.measured import load_all as load_measured
+    from patchset.auditor.render import render
+    from patchset.isolate.probe import audit_probes
     s = load(series)
     cli_support.check_format(fmt)
     runs = load_measured(measured or [], hosts, s, symptom)     # before any host is contacted
@@ -84,7 +84,7 @@ def trace(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     by deploy): per patch the targets that ran (first call) and those that did not. Exit
     0, 1 when what ran contradicts what is declared, 3 unreachable, 5 nothing observed on
     a host (no server there traced: no verdict, never a pass)."""
-    from auditor import cli_support, traceview
+    from patchset.auditor import cli_support, traceview
     from patchset.errors import Exit
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:

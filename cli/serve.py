@@ -1,6 +1,6 @@
 """The serve command: the audit as a Prometheus exporter (auditor/exporter.py)."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why).
 
 from pathlib import Path
@@ -43,9 +43,9 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     import signal
     import threading
 
-    from auditor import api, cli_support, exporter, policy
-    from auditor.report import to_dict
-    from isolate.probe import audit_probes
+    from patchset.auditor import api, cli_support, exporter, policy
+    from patchset.auditor.report import to_dict
+    from patchset.isolate.probe import audit_probes
     s = load(series)
     period = exporter.parse_duration(interval)
     address, port = exporter.parse_listen(listen, public)

@@ -66,7 +66,7 @@ class Hosts:
 
     def endpoint(self, spec: str, roles: tuple[str, ...] | None = None,
                  at: tuple[str, int] | None = None):
-        """The HTTP endpoint (deploy/tunnel.py) of `spec`'s role (router, else decode;
+        """The HTTP endpoint (connect/tunnel.py) of `spec`'s role (router, else decode;
         or `at`, an address and port as seen from the host), through the SSH connection
         this resolver already holds for it, so there is one connection and one host-key
         check per host; closed with the resolver."""

@@ -13,7 +13,7 @@ parent groups before their children, then the host's own):
   `patchset_tree`, `patchset_python`, ... (INI values that start with `{` are JSON).
 Only hosts with a patchset setting are taken: an inventory lists much else. The result
 is the document hosts.yaml would be, with the inventory's file and lines, and goes
-through exactly the same checks (deploy/inventory.py): nothing from Ansible reaches a
+through exactly the same checks (connect/inventory.py): nothing from Ansible reaches a
 command line or a unit file unchecked.
 """
 

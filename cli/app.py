@@ -300,12 +300,12 @@ def selection(tier, path, only, exclude):
 def resolver_for(series: Series, inventory: Optional[Path], target: Optional[Path],
           accept_new: bool = False):
     """The host resolver for one command, with progress shown here."""
-    from deploy.resolve import Hosts
+    from patchset.connect.resolve import Hosts
     return Hosts(series, inventory, target, accept_new, progress=RichProgress())
 
 
 def ship_base(series: Series):
-    from deploy.resolve import base_provider
+    from patchset.connect.resolve import base_provider
     return base_provider(series, RichProgress())
 
 
@@ -541,7 +541,7 @@ def retry_bisect_refusals(series: Series, resolver: Any, specs: list[str],
     off every plain apply."""
     if not any(getattr(r, "bisect", None) for r in results):
         return list(results)
-    from isolate.bisect import retry_pending
+    from patchset.isolate.bisect import retry_pending
     return retry_pending(series, resolver, specs, results, again, say)
 
 

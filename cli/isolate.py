@@ -2,7 +2,7 @@
 (export the series for other tools, import patches authored elsewhere, capture hand edits
 from a host)."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why); a name imported only for type checking is quoted.
 
 from pathlib import Path
@@ -82,7 +82,7 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
         return
     if save or against:
         raise UsageError("--save and --against go with --kind drift")
-    from isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
+    from patchset.isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
     spec = FidelitySpec(url=parse_url(url) if url else None, host=host,
                         inventory=str(inventory) if inventory else None,
                         kinds=parse_kinds(kind), sizes=parse_sizes(sizes),
@@ -98,10 +98,10 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
 
 def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
                  output_tokens, sigmas, fmt, inventory, decision) -> None:
-    from isolate import driftview
-    from isolate.drift import DriftSpec, probe_drift
-    from isolate.httpjson import client_for
-    from isolate.probe import parse_sizes
+    from patchset.isolate import driftview
+    from patchset.isolate.drift import DriftSpec, probe_drift
+    from patchset.isolate.httpjson import client_for
+    from patchset.isolate.probe import parse_sizes
     tolerance, confidence, budget = decision
     spec = DriftSpec(sizes=parse_sizes(sizes), output_tokens=output_tokens, repeats=repeats,
                      timeout=timeout, k=sigmas, tolerance=tolerance, confidence=confidence,

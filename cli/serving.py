@@ -1,6 +1,6 @@
 """The serving command: deploy (systemd units)."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why); a name imported only for type checking is quoted.
 
 from pathlib import Path
@@ -28,8 +28,8 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
                inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
                as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Render the host's systemd units (gates from its tree), install, restart, wait."""
-    from deploy.deploy import deploy_units
-    from isolate.bisect import run_restoring
+    from patchset.deploy.deploy import deploy_units
+    from patchset.isolate.bisect import run_restoring
     from ..selection import parse_names
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:

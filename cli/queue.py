@@ -1,7 +1,7 @@
 """The patch-queue commands: list, show, check, plan, apply, revert, status, provision
 (and the unit side of apply --restart and status)."""
 
-# No `from __future__ import annotations` in a command module (patchset/cli/__init__.py
+# No `from __future__ import annotations` in a command module (cli/__init__.py
 # says why); a name imported only for type checking is quoted.
 
 from dataclasses import asdict
@@ -388,7 +388,7 @@ def _finish_with_restarts(results, restarts, as_json: bool) -> None:
 
 def _restart_after_apply(series, resolver, specs, transports, results, timeout, lock_wait):
     """apply --restart: redeploy the roles the apply changed, with progress here."""
-    from deploy.deploy import restart_after_apply as restart
+    from patchset.deploy.deploy import restart_after_apply as restart
     with DeployView() as view:
         return restart(series, resolver.inventory, specs, transports, results, timeout,
                        lock_wait, on_event=view.event,

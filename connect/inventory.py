@@ -1,4 +1,4 @@
-"""hosts.yaml (or an Ansible inventory, deploy/ansible.py): the fleet, and how a HOST
+"""hosts.yaml (or an Ansible inventory, connect/ansible.py): the fleet, and how a HOST
 argument resolves to one host.
 
 Every value here can end up on a remote command line or in a unit file, so each is
@@ -19,6 +19,7 @@ from patchset.errors import ManifestError, UsageError
 from patchset.yamlsrc import Located
 
 from . import ansible
+from .settings import SettingError, check_settings
 
 NAME = validate.HOST_NAME
 ADDRESS = validate.ADDRESS
@@ -187,8 +188,8 @@ def _serving(doc: Located, where: tuple, value: Any) -> dict[str, Any]:
 
 
 def _unit_settings(doc: Located, where: tuple, role: str | None, settings: Any) -> None:
-    """The deploy schema (deploy/units.py): every value that can reach a unit file."""
-    from .units import SettingError, check_settings
+    """The unit settings schema (connect/settings.py): every value that can reach a unit
+    file."""
     try:
         check_settings(role, settings)
     except SettingError as exc:

@@ -34,38 +34,19 @@ from patchset import api
 from patchset.agent import engine, safewrite
 from patchset.agent.bounded import InputError, expect
 from patchset.agent.records import StatusRecord
-from patchset.transport import Transport
-from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
+from patchset.errors import BisectPending, Exit, PatchsetError, TargetError
 from patchset.model import Series
-from patchset.selection import Plan, Selection
 
-from . import drift, driftsearch, driftstats
+from . import drift, driftsearch, driftstats, hoststate
 from .driftdecide import MIN_BOUNDED
 from . import probe as probe_mod
 
-SERVER_ROLES = ("prefill", "decode")
+SERVER_ROLES = hoststate.SERVER_ROLES
 LIVE_STATES = ("active", "unknown", "drifted")   # states in which the code may be running
 Say = Callable[[str], None]
 
 
-@dataclass
-class BisectHost:
-    """One host as the bisect drives it: its transport (apply, revert and deploy all go
-    through it) and its inventory entry."""
-
-    series: Series
-    host: Any                 # deploy.inventory.Host
-    transport: Transport
-    health_timeout: float | None = None
-    on_event: Callable[[dict], None] | None = None
-
-    @property
-    def tree(self) -> str:
-        return str(self.transport.target)
-
-    @property
-    def roles(self) -> list[str]:
-        return [r for r in SERVER_ROLES if r in self.host.roles]
+BisectHost = hoststate.DrivenHost     # the host as bisect drives it (isolate/hoststate.py)
 
 
 @dataclass
@@ -460,28 +441,9 @@ def _enter(t: BisectHost, report: BisectReport, action: str, change: str,
 
 def _converge(t: BisectHost, bisect_id: str, applied: list[str],
               gates_off: list[str], restarted: list[str] | None = None) -> list[str]:
-    """Make the host run exactly `applied` with `gates_off` unset; the roles restarted
-    (appended to `restarted` as each restart begins)."""
-    from patchset.deploy.deploy import deploy_units
-    counted = restarted if restarted is not None else []
-    selected = _plan(t.series, applied)
-    [result] = api.apply(t.series, selected, [t.transport], bisect=bisect_id)
-    if not result.ok:
-        raise TargetError(result.error or f"{t.host.name}: apply failed")
-
-    def on_event(event: dict) -> None:
-        if event.get("event") == "restart" and event.get("role"):
-            counted.append(str(event["role"]))
-        if t.on_event:
-            t.on_event(event)
-
-    done = deploy_units(t.host, t.transport, t.tree, roles=t.roles, timeout=t.health_timeout,
-                        on_event=on_event, git_prefix=t.series.upstream.git_prefix,
-                        package=t.series.upstream.name, bisect=bisect_id,
-                        gates_off=frozenset(gates_off))
-    if not done.ok:
-        raise TargetError(done.error or f"{t.host.name}: deploy failed")
-    return counted
+    """Make the host run exactly `applied` with `gates_off` unset, as a step of this
+    bisect (isolate/hoststate.py); the roles restarted."""
+    return hoststate.converge(t, applied, gates_off, restarted, bisect_id=bisect_id)
 
 
 # ---------------------------------------------------------------- candidates
@@ -524,12 +486,7 @@ def _candidate(s: Any, patch: Any, states: set[str], starting: list[str],
 
 
 def _dependents(series: Series, applied: list[str], name: str) -> list[str]:
-    gone, out = {name}, []
-    for p in series.patches:
-        if p.name in applied and p.name not in gone and set(p.depends) & gone:
-            gone.add(p.name)
-            out.append(p.name)
-    return out
+    return hoststate.dependents(series, applied, name)
 
 
 def _describe(t: BisectHost, cand: Candidate) -> str:
@@ -685,50 +642,15 @@ def _ignore_sigint():
 # ---------------------------------------------------------------- helpers
 
 def _status_record(t: BisectHost) -> StatusRecord:
-    """The host's status record (api.status raises when it cannot be had)."""
-    record = api.status(t.series, t.transport).record
-    assert record is not None
-    return record
+    return hoststate.status_record(t)
 
 
 def _starting(t: BisectHost, status: StatusRecord) -> list[str]:
-    """The host's applied patches, which must be the series' own files: the restore
-    re-applies them from the series, so it must be able to reproduce them exactly."""
-    known = t.series.by_name()
-    names = []
-    for a in status.applied:
-        patch = known.get(a["name"])
-        if patch is None or patch.sha256 != a.get("sha256"):
-            raise UsageError(f"{t.host.name}: it runs {a['name']} sha256 "
-                             f"{str(a.get('sha256'))[:12]}, which is not the series' "
-                             f"{'file' if patch else 'patch'} ({t.series.manifest}); apply "
-                             "the series there first so the bisect can restore it exactly")
-        names.append(a["name"])
-    if not status.managed:
-        raise UsageError(f"{t.host.name}: {t.tree} is not managed by patchset: apply first")
-    return names
+    return hoststate.starting(t, status)
 
 
 def _require_deployed(t: BisectHost) -> None:
-    """The units must be what deploy renders and running: the restore re-renders them,
-    so anything else would be lost (or could not be told apart from the test states)."""
-    from patchset.deploy.deploy import deploy_units
-    if not t.roles:
-        raise UsageError(f"{t.host.name}: no prefill or decode role in hosts.yaml: nothing "
-                         "serves the tree, so there is nothing to probe")
-    result = deploy_units(t.host, t.transport, t.tree, roles=t.roles, dry_run=True,
-                    git_prefix=t.series.upstream.git_prefix, package=t.series.upstream.name)
-    off = [f"{r.unit} ({r.restart})" for r in result.roles if r.changed or r.restart]
-    if off:
-        raise TargetError(f"{t.host.name}: the units are not as `patchset deploy` renders and "
-                          f"runs them: {', '.join(off)}; run `patchset deploy "
-                          f"{t.host.name}` first, so the bisect can restore them exactly")
-
-
-def _plan(series: Series, names: list[str]) -> Plan:
-    """Exactly `names` (dependency-closed by construction), in series order."""
-    return Plan(selection=Selection(only=tuple(names)), decisions=(),
-                patches=tuple(p for p in series.patches if p.name in names))
+    hoststate.require_deployed(t, "the bisect")
 
 
 def _record(report: BisectReport, t: BisectHost) -> dict:

@@ -441,6 +441,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "rebase": ("rebase",),
     "audit": ("audit", "trace"),
     "bisect": ("bisect",),
+    "rollout": ("rollout",),
     "serve": ("serve",),
 }
 

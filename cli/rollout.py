@@ -1,0 +1,173 @@
+"""`patchset rollout`: one change through hosts in steps (a canary, then batches), gated
+after each step on health, the audit, throughput and the drift A/B; a failing gate rolls
+the changed hosts back (the library: isolate/rollout.py, its gates isolate/rolloutgates.py)."""
+
+# No `from __future__ import annotations` in a command module (cli/__init__.py says why).
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import UsageError
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, ConfidenceOpt, DeployView, ExcludeOpt,
+                  HealthTimeoutOpt, InventoryOpt, JsonOpt, OnlyOpt, OutputTokensOpt, PathOpt,
+                  ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TierOpt, ToleranceOpt, app,
+                  emit_json, load, resolver_for, say, selection, term)
+
+
+@app.command()
+def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory hosts, in "
+                                                        "order [default: every host of the "
+                                                        "inventory]"),
+            tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
+            only: Optional[List[str]] = OnlyOpt, exclude: Optional[List[str]] = ExcludeOpt,
+            revert: Optional[List[str]] = typer.Option(None, "--revert", help="the change: "
+                                                       "take these patches (and their "
+                                                       "dependents) out (A,B or repeated)"),
+            gate_off: Optional[List[str]] = typer.Option(None, "--gate-off", help="the "
+                                                         "change: run these applied patches "
+                                                         "with their gate unset"),
+            canary: Optional[str] = typer.Option(None, "--canary", help="HOST or HOST:ROLE "
+                                                 "changed first [default: the first host]"),
+            batch: int = typer.Option(1, "--batch", min=1, help="hosts a step after the "
+                                      "canary"),
+            baseline: Optional[Path] = typer.Option(None, "--baseline", help="a saved drift "
+                                                    "run (`patchset probe --kind drift "
+                                                    "--save`): the drift gate replays it"),
+            on_unknown: str = typer.Option("stop", "--on-unknown", help="stop | continue: "
+                                           "what a gate that could not decide does"),
+            max_drop: float = typer.Option(0.5, "--max-throughput-drop", min=0.0, max=1.0,
+                                           help="throughput may fall by this share"),
+            parallel: int = typer.Option(4, "--load", min=1, max=64, help="concurrent "
+                                         "requests of the throughput gate's short load"),
+            output_tokens: int = OutputTokensOpt, sigmas: float = SigmasOpt,
+            tolerance: float = ToleranceOpt, confidence: float = ConfidenceOpt,
+            repeats: int = typer.Option(3, "--repeats", min=2, max=50, help="drift: "
+                                        "replays of the baseline's tokens (their spread "
+                                        "is the noise)"),
+            resume: bool = typer.Option(False, "--resume", help="continue the last "
+                                        "unfinished rollout (or --log's) after its last "
+                                        "finished step"),
+            log: Optional[Path] = typer.Option(None, "--log", help="the log to resume "
+                                               "[default: the newest unfinished under "
+                                               "$XDG_STATE_HOME/patchset/rollout]"),
+            dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; change "
+                                         "nothing"),
+            api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
+            health_timeout: Optional[float] = HealthTimeoutOpt,
+            inventory: Optional[Path] = InventoryOpt, accept_new: bool = AcceptNewOpt,
+            as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
+    """Roll one change (a selection, --revert or --gate-off) through hosts: a canary, then
+    batches; after each step the gates (health, audit, throughput, drift A/B against
+    --baseline) must pass, else every changed host is rolled back and the rollout stops.
+    Exit 0 every step passed, 1 a gate stopped it (rolled back), 4 the rollback failed."""
+    from patchset.isolate import rollout as ro
+    if on_unknown not in ("stop", "continue"):
+        raise UsageError(f"--on-unknown {on_unknown!r}: stop or continue")
+    s = load(series)
+    with resolver_for(s, inventory, None, accept_new) as resolver:
+        def fleet_for(names):
+            return _fleet(s, resolver, names, baseline, api_key_env, max_drop, parallel,
+                          health_timeout, on_unknown, _spec(output_tokens, repeats,
+                                                            probe_timeout, sigmas, tolerance,
+                                                            confidence))
+        with DeployView("rollout") as view:
+            if resume:
+                log_path = log or ro.latest_unfinished()
+                if log_path is None:
+                    raise UsageError("--resume: no unfinished rollout under "
+                                     f"{ro.state_dir()}")
+                run = ro.resume(lambda names: _watched(fleet_for(names), view), log_path, say)
+            else:
+                change = _change(s, tier, path, only, exclude, revert, gate_off)
+                names = list(hosts or resolver.inventory.hosts)
+                hosts_of = {n: resolver.inventory.resolve(n) for n in names}
+                steps = ro.make_plan(names, canary, batch,
+                                     lambda n: [r for r in ("prefill", "decode")
+                                                if r in hosts_of[n].roles])
+                fleet = ro.Fleet({}, None, on_unknown) if dry_run else \
+                    _watched(fleet_for(names), view)
+                run = ro.start(fleet, change, steps, ro.state_dir(), dry_run, say)
+    if as_json:
+        emit_json(run.to_json())
+    else:
+        _render(run, ro)
+    if run.exit_code:
+        raise typer.Exit(run.exit_code)
+
+
+def _watched(fleet, view):
+    for t in fleet.hosts.values():
+        t.on_event = view.event
+    return fleet
+
+
+def _spec(output_tokens, repeats, timeout, sigmas, tolerance, confidence):
+    from patchset.isolate.drift import DriftSpec
+    return DriftSpec(output_tokens=output_tokens, repeats=repeats, timeout=timeout, k=sigmas,
+                     tolerance=tolerance, confidence=confidence)
+
+
+def _fleet(s, resolver, names, baseline, api_key_env, max_drop, parallel, health_timeout,
+           on_unknown, spec):
+    from patchset.errors import UsageError as Bad
+    from patchset.isolate import drift
+    from patchset.isolate.hoststate import DrivenHost
+    from patchset.isolate.rollout import Fleet
+    from patchset.isolate.rolloutgates import FleetGates
+    try:
+        saved = drift.load(baseline) if baseline else None
+    except drift.DriftError as exc:
+        raise Bad(f"--baseline {exc}") from None
+    driven = {n: DrivenHost(s, resolver.inventory.resolve(n),
+                            resolver.transport(n, provision_local=False),
+                            health_timeout=health_timeout) for n in names}
+    gates = FleetGates(s, resolver, {n: t.transport for n, t in driven.items()}, saved,
+                       baseline, spec, parallel, max_drop, api_key_env)
+    return Fleet(driven, gates, on_unknown)
+
+
+def _change(s, tier, path, only, exclude, revert, gate_off):
+    from patchset.isolate.rollout import Change
+    from patchset.selection import parse_names, plan
+    reverted, gated = parse_names(revert), parse_names(gate_off)
+    picked = any((tier, path, only, exclude))
+    if sum((picked, bool(reverted), bool(gated))) != 1:
+        raise UsageError("give one change: a selection (--tier/--path/--only/--exclude), "
+                         "--revert or --gate-off")
+    known = s.by_name()
+    for name in (*reverted, *gated):
+        if name not in known:
+            raise UsageError(f"no patch named {name!r} in {s.manifest} (see `patchset list`)")
+    if picked:
+        chosen = plan(s, selection(tier, path, only, exclude))
+        names = tuple(p.name for p in chosen.patches)
+        return Change(select=names, label=f"apply {', '.join(names) or 'no patches'}")
+    if reverted:
+        return Change(revert=tuple(reverted), label=f"revert {', '.join(reverted)}")
+    for name in gated:
+        if known[name].gate is None:
+            raise UsageError(f"--gate-off {name}: that patch has no gate")
+    return Change(gate_off=tuple(gated), label=f"gate off {', '.join(gated)}")
+
+
+def _render(run, ro) -> None:
+    console = term()
+    for line in ro.describe(run):
+        console.print(line, markup=False)
+    if run.dry_run:
+        console.print("  dry run: nothing changed, no log written", markup=False)
+        return
+    for g in run.gates:
+        console.print(f"  step {g['step']} {g['host']} {g['gate']:<10} {g['verdict']:<7} "
+                      f"{g['why']}", markup=False)
+    if run.stopped:
+        console.print(f"  STOPPED: {run.stopped}", markup=False)
+        console.print(f"  rolled back: {', '.join(run.rolled_back) or 'nothing'}",
+                      markup=False)
+    if run.rollback_error:
+        console.print(f"  ROLLBACK FAILED: {run.rollback_error}", markup=False)
+    if run.finished:
+        console.print(f"  every step passed: {len(run.done)} step(s)", markup=False)
+    console.print(f"  log: {run.log}", markup=False)

@@ -1,0 +1,124 @@
+"""The gates a rollout measures on a changed host (isolate/rollout.py decides what they
+mean for the run): health, the audit of the changed servers, throughput against a short
+load sent before the change, and the drift A/B against a saved baseline run.
+
+Each gate is three-valued: pass, fail, or unknown when it could not measure (no answer,
+an inconclusive drift); a gate not asked for is `skipped`, never a pass in disguise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from patchset.deploy.units import unit_name
+
+from . import drift
+from .hoststate import HostState
+from .rollout import GateResult, drift_verdict, new_severe, severe, states_off
+
+
+@dataclass
+class FleetGates:
+    """The real gates, over the command's host resolver (one SSH connection per host)."""
+
+    series: Any
+    resolver: Any                     # connect.resolve.Hosts
+    transports: dict[str, Any]        # host -> Transport
+    baseline: drift.DriftRun | None = None
+    baseline_path: Path | None = None
+    spec: drift.DriftSpec | None = None
+    parallel: int = 4                 # throughput: concurrent requests of the short load
+    max_drop: float = 0.5             # throughput may fall by at most this share
+    api_key_env: str | None = None
+
+    def before(self, host: str) -> dict:
+        tps, why = self._throughput(host)
+        return {"severe": severe(self._audit(host)), "tokens_per_second": tps,
+                "throughput_why": why}
+
+    def check(self, host: str, target: HostState, roles: list[str], before: dict,
+              deployed: bool) -> list[GateResult]:
+        report = self._audit(host)
+        units = [unit_name(r) for r in roles]
+        return [self._health(host, report, units), self._states(host, report, target, units,
+                                                                before),
+                self._load(host, before), self._drift(host)]
+
+    # ------------------------------------------------------------ one gate each
+
+    def _health(self, host: str, report: Any, units: list[str]) -> GateResult:
+        """Deploy waited for /health of each restarted role; the audit reads it again."""
+        health = [f for f in report.findings if f.id.startswith("server-health")
+                  and any(f.subject.startswith(u) for u in units)]
+        bad = [f"{f.subject}: {f.status}" for f in health if f.status in ("fail", "unknown")]
+        if not health:
+            return GateResult("health", host, "unknown", "the audit read no health of "
+                              f"{', '.join(units)}")
+        verdict = "fail" if any(f.status == "fail" for f in health) else \
+            "unknown" if bad else "pass"
+        return GateResult("health", host, verdict, "; ".join(bad) or
+                          f"{', '.join(units)} healthy")
+
+    def _states(self, host: str, report: Any, target: HostState, units: list[str],
+                before: dict) -> GateResult:
+        wrong, unknown = states_off(report, target, units)
+        fresh = new_severe(before.get("severe") or [], severe(report))
+        figures = {"new_high": fresh, "unknown_states": unknown}
+        if wrong or fresh:
+            return GateResult("audit", host, "fail", "; ".join(
+                wrong + [f"new high finding {f['id']} on {f['subject']}" for f in fresh]),
+                figures)
+        if unknown:
+            return GateResult("audit", host, "unknown", f"states unknown: {'; '.join(unknown)}",
+                              figures)
+        return GateResult("audit", host, "pass", f"states as intended on {', '.join(units)}; "
+                          "no new high finding", figures)
+
+    def _load(self, host: str, before: dict) -> GateResult:
+        was = before.get("tokens_per_second")
+        now, why = self._throughput(host)
+        figures = {"before": was, "after": now, "max_drop": self.max_drop}
+        if was is None or now is None:
+            return GateResult("throughput", host, "unknown",
+                              f"not measured ({before.get('throughput_why') or why})", figures)
+        floor = was * (1 - self.max_drop)
+        verdict = "pass" if now >= floor else "fail"
+        return GateResult("throughput", host, verdict, f"{now:.1f} tok/s after, {was:.1f} "
+                          f"before (floor {floor:.1f})", figures)
+
+    def _drift(self, host: str) -> GateResult:
+        if self.baseline is None or self.spec is None:
+            return GateResult("drift", host, "skipped", "no --baseline run given")
+        from .httpjson import Unreachable, client_for
+        client = client_for(host, None, None, self.api_key_env, resolver=self.resolver)
+        try:
+            now = drift.replay_saved(client, self.baseline, self.spec)
+        except Unreachable as exc:
+            return GateResult("drift", host, "unknown", f"no answer: {exc}")
+        except drift.DriftError as exc:
+            return GateResult("drift", host, "unknown", f"drift probe: {exc}")
+        report = drift.a_b(self.baseline, now, self.spec.fixed, str(self.baseline_path))
+        verdict, why = drift_verdict(report.verdict)
+        return GateResult("drift", host, verdict, why, {
+            "mean": report.overall.overall.mean, "outcome": report.verdict.outcome,
+            "upper": report.verdict.upper, "tolerance": report.verdict.tolerance})
+
+    # ------------------------------------------------------------ measurements
+
+    def _audit(self, host: str) -> Any:
+        from patchset.auditor import api as audit_api
+        return audit_api.audit(self.series, [self.transports[host]])
+
+    def _throughput(self, host: str) -> tuple[float | None, str]:
+        """Tokens a second of a short load (`parallel` requests at once), or why not."""
+        from . import probe
+        try:
+            got = probe.throughput(self.resolver.endpoint(host), self.parallel,
+                                   probe.api_key(self.api_key_env))
+        except Exception as exc:        # any failure to measure is unknown, said as such
+            return None, f"{type(exc).__name__}: {exc}"
+        if not got.get("ok"):
+            return None, "no completion tokens counted"
+        return got.get("tokens_per_second"), ""

@@ -13,7 +13,7 @@ from ..errors import UsageError
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, ConfidenceOpt, DeployView, ExcludeOpt,
                   HealthTimeoutOpt, InventoryOpt, JsonOpt, OnlyOpt, OutputTokensOpt, PathOpt,
                   ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TierOpt, ToleranceOpt, app,
-                  emit_json, load, resolver_for, say, selection, term)
+                  emit_json, load, resolver_for, say, selection, term, within)
 
 
 @app.command()
@@ -37,7 +37,8 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
                                                     "--save`): the drift gate replays it"),
             on_unknown: str = typer.Option("stop", "--on-unknown", help="stop | continue: "
                                            "what a gate that could not decide does"),
-            max_drop: float = typer.Option(0.5, "--max-throughput-drop", min=0.0, max=1.0,
+            max_drop: float = typer.Option(0.5, "--max-throughput-drop",
+                                           callback=within(0.0, 1.0, "a share"),
                                            help="throughput may fall by this share"),
             parallel: int = typer.Option(4, "--load", min=1, max=64, help="concurrent "
                                          "requests of the throughput gate's short load"),

@@ -67,19 +67,22 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
     if on_unknown not in ("stop", "continue"):
         raise UsageError(f"--on-unknown {on_unknown!r}: stop or continue")
     s = load(series)
+    settings = {"baseline": str(baseline) if baseline else None, "max_drop": max_drop,
+                "parallel": parallel, "api_key_env": api_key_env,
+                "health_timeout": health_timeout,
+                "drift": {"output_tokens": output_tokens, "repeats": repeats,
+                          "timeout": probe_timeout, "k": sigmas, "tolerance": tolerance,
+                          "confidence": confidence}}
     with resolver_for(s, inventory, None, accept_new) as resolver:
-        def fleet_for(names):
-            return _fleet(s, resolver, names, baseline, api_key_env, max_drop, parallel,
-                          health_timeout, on_unknown, _spec(output_tokens, repeats,
-                                                            probe_timeout, sigmas, tolerance,
-                                                            confidence))
         with DeployView("rollout") as view:
+            def fleet_for(names, logged):
+                return _watched(_fleet(s, resolver, names, logged, on_unknown), view)
             if resume:
                 log_path = log or ro.latest_unfinished()
                 if log_path is None:
                     raise UsageError("--resume: no unfinished rollout under "
                                      f"{ro.state_dir()}")
-                run = ro.resume(lambda names: _watched(fleet_for(names), view), log_path, say)
+                run = ro.resume(fleet_for, log_path, say)
             else:
                 change = _change(s, tier, path, only, exclude, revert, gate_off)
                 names = list(hosts or resolver.inventory.hosts)
@@ -88,8 +91,8 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
                                      lambda n: [r for r in ("prefill", "decode")
                                                 if r in hosts_of[n].roles])
                 fleet = ro.Fleet({}, None, on_unknown) if dry_run else \
-                    _watched(fleet_for(names), view)
-                run = ro.start(fleet, change, steps, ro.state_dir(), dry_run, say)
+                    fleet_for(names, settings)
+                run = ro.start(fleet, change, steps, ro.state_dir(), dry_run, say, settings)
     if as_json:
         emit_json(run.to_json())
     else:
@@ -104,28 +107,29 @@ def _watched(fleet, view):
     return fleet
 
 
-def _spec(output_tokens, repeats, timeout, sigmas, tolerance, confidence):
-    from patchset.isolate.drift import DriftSpec
-    return DriftSpec(output_tokens=output_tokens, repeats=repeats, timeout=timeout, k=sigmas,
-                     tolerance=tolerance, confidence=confidence)
-
-
-def _fleet(s, resolver, names, baseline, api_key_env, max_drop, parallel, health_timeout,
-           on_unknown, spec):
-    from patchset.errors import UsageError as Bad
+def _fleet(s, resolver, names, settings, on_unknown):
+    """The hosts and the real gates, from the gate settings (the options, or those a
+    resumed rollout logged); a bad setting in a log is bad input, named."""
     from patchset.isolate import drift
     from patchset.isolate.hoststate import DrivenHost
     from patchset.isolate.rollout import Fleet
     from patchset.isolate.rolloutgates import FleetGates
     try:
+        spec = drift.DriftSpec(**(settings.get("drift") or {}))
+        baseline = Path(settings["baseline"]) if settings.get("baseline") else None
         saved = drift.load(baseline) if baseline else None
+        gates_of = dict(parallel=int(settings.get("parallel", 4)),
+                        max_drop=float(settings.get("max_drop", 0.5)),
+                        api_key_env=settings.get("api_key_env"))
     except drift.DriftError as exc:
-        raise Bad(f"--baseline {exc}") from None
+        raise UsageError(f"--baseline {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"the rollout's gate settings: {exc}") from None
     driven = {n: DrivenHost(s, resolver.inventory.resolve(n),
                             resolver.transport(n, provision_local=False),
-                            health_timeout=health_timeout) for n in names}
+                            health_timeout=settings.get("health_timeout")) for n in names}
     gates = FleetGates(s, resolver, {n: t.transport for n, t in driven.items()}, saved,
-                       baseline, spec, parallel, max_drop, api_key_env)
+                       baseline, spec, **gates_of)
     return Fleet(driven, gates, on_unknown)
 
 

@@ -288,21 +288,26 @@ class Fleet:
 
 
 def start(fleet: Fleet, change: Change, steps: list[Step], log_dir: Path | None = None,
-          dry_run: bool = False, say: Say = lambda _: None) -> Rollout:
-    """A new rollout: its plan logged (not with --dry-run: nothing is written), then run."""
+          dry_run: bool = False, say: Say = lambda _: None,
+          settings: dict | None = None) -> Rollout:
+    """A new rollout: its plan logged (not with --dry-run: nothing is written), then run.
+    `settings`: how the gates were built (JSON), logged so a resume gates the same way."""
     rid = _new_id()
     path = (log_dir or state_dir()) / f"{rid}.jsonl"
     run = Rollout(rid, change, steps, str(path), dry_run=dry_run)
     if dry_run:
         return run
     Log(path).write("plan", id=rid, change=change.to_json(),
-                    steps=[s.to_json() for s in steps], on_unknown=fleet.on_unknown)
+                    steps=[s.to_json() for s in steps], on_unknown=fleet.on_unknown,
+                    settings=settings or {})
     return _go(fleet, run, Log(path), {}, say)
 
 
-def resume(fleet_for: Callable[[list[str]], Fleet], path: Path,
+def resume(fleet_for: Callable[[list[str], dict], Fleet], path: Path,
            say: Say = lambda _: None) -> Rollout:
-    """Continue the rollout of log `path` after its last finished step."""
+    """Continue the rollout of log `path` after its last finished step, its gates built
+    from the settings the plan logged (`fleet_for(hosts, settings)`), never from the
+    resuming command's options: a resumed rollout gates as it started."""
     events = Log(path).read()
     if not events or events[0]["event"] != "plan":
         raise UsageError(f"{path}:1: event: not a rollout plan (damaged)")
@@ -317,7 +322,10 @@ def resume(fleet_for: Callable[[list[str]], Fleet], path: Path,
     run.done = [e["step"] for e in events if e["event"] == "step-done"]
     saved = {e["host"]: HostState.from_json(e["state"], f"{path}: saved")
              for e in events if e["event"] == "saved"}
-    fleet = fleet_for(sorted({h for s in steps for h in s.hosts}))
+    settings = plan.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise UsageError(f"{path}:1: settings: not a mapping (damaged)")
+    fleet = fleet_for(sorted({h for s in steps for h in s.hosts}), settings)
     fleet.on_unknown = plan.get("on_unknown", "stop")
     log = Log(path)
     stopped = next((e for e in events if e["event"] == "stop"), None)

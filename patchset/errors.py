@@ -42,7 +42,8 @@ MEANINGS: dict[Exit, str] = {
                    "on the pin); an audit check failed, warned or was `unknown` and no valid "
                    "waiver accepts it, a waiver expired, or a host's facts could not be "
                    "gathered; a probe failed or a drift is above the noise; a bisect found no "
-                   "change that flips the probe",
+                   "change that flips the probe; a rollout gate failed (or could not "
+                   "decide) and the changed hosts were rolled back",
     Exit.BAD_INPUT: "bad input: manifest, patch file, selection, option, inventory, target "
                     "path, a pin the cached wheel or the provisioned tree disagrees with, a "
                     "damaged run or report file (nothing was changed)",
@@ -50,7 +51,7 @@ MEANINGS: dict[Exit, str] = {
                       "not be reached (an audit still reports the others)",
     Exit.FAILED: "refused or failed: the target refused or failed the operation (dirty, not "
                  "the pin, locked, a patch does not apply, the engine was killed; a bisect "
-                 "stopped or did not restore): nothing was changed, or the next command "
+                 "stopped or did not restore; a rollout's rollback failed): nothing was changed, or the next command "
                  "finishes it. `plan HOST` and `apply --dry-run` build the result as `apply` "
                  "does, so a patch that does not apply is the same refusal from all three",
     Exit.INCONCLUSIVE: "inconclusive: a measurement could not decide at the data measured (a "

@@ -196,17 +196,21 @@ def test_dry_run_writes_nothing(world, tmp_path) -> None:
 def test_resume_after_a_kill_continues_without_repeating_a_change(world, tmp_path) -> None:
     world.kill_after = 2                                    # killed once h2 has changed
     with pytest.raises(Killed):
-        ro.start(fleet(), ro.Change(revert=("c",)), plan(batch=2), tmp_path)
+        ro.start(fleet(), ro.Change(revert=("c",)), plan(batch=2), tmp_path,
+                 settings={"baseline": "base.json", "max_drop": 0.2})
     path = ro.latest_unfinished(tmp_path)
     assert path is not None
-    gates = FakeGates()
-    run = ro.resume(lambda names: fleet(gates), path)
+    gates, asked = FakeGates(), []
+    run = ro.resume(lambda names, settings: asked.append((names, settings)) or fleet(gates),
+                    path)
+    # the gates are built as the run started them, not from the resuming command
+    assert asked == [(["h1", "h2", "h3"], {"baseline": "base.json", "max_drop": 0.2})]
     assert run.resumed and run.finished and run.done == [0, 1]
     assert [c[0] for c in world.changes] == ["h1", "h2", "h3"]   # each host changed once
     assert gates.checked == ["h2", "h3"]                    # step 0 was not redone
     assert ro.latest_unfinished(tmp_path) is None
     with pytest.raises(UsageError, match="has ended"):
-        ro.resume(lambda names: fleet(), path)
+        ro.resume(lambda names, settings: fleet(), path)
 
 
 def test_a_kill_during_the_rollback_is_finished_by_resume(world, tmp_path,
@@ -217,7 +221,7 @@ def test_a_kill_during_the_rollback_is_finished_by_resume(world, tmp_path,
     with pytest.raises(Killed):
         ro.start(fleet(gates), ro.Change(revert=("c",)), plan(), tmp_path)
     path = ro.latest_unfinished(tmp_path)
-    run = ro.resume(lambda names: fleet(FakeGates()), path)
+    run = ro.resume(lambda names, settings: fleet(FakeGates()), path)
     assert run.stopped and "h2 audit fail" in run.stopped and world.actual == before
     assert [c[0] for c in world.changes] == ["h1", "h2", "h2", "h1"]
 

@@ -146,6 +146,9 @@ def rollout(env: dict, capsys, *argv: str, inventory: Path | None = None) -> tup
     code, out, err = cli(capsys, "rollout", *argv, "--json", "--inventory",
                          str(inventory or hosts_yaml(env)), "--series", str(env["series"]))
     assert out, err
+    kept = env["work"] / "outputs"                 # kept for reading (docs/howto/rollout.md)
+    kept.mkdir(exist_ok=True)
+    (kept / f"rollout-{len(list(kept.iterdir()))}.json").write_text(out)
     return code, json.loads(out)
 
 
@@ -164,6 +167,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(env, capsys) -> None:
                          "--dry-run", "--inventory", str(hosts_yaml(env)), "--series",
                          str(env["series"]))
     assert code == 0, err
+    (env["work"] / "dry-run.txt").write_text(out)
     assert f"step 0 canary: {h2}:decode" in out and f"step 1 batch: {h2}" in out
     assert f"step 2 batch: {h1}" in out and "dry run: nothing changed" in out
     assert not (env["work"] / "state" / "patchset" / "rollout").exists() or not list(
@@ -237,6 +241,9 @@ def test_a_killed_rollout_resumes_from_an_ansible_inventory(env, capsys) -> None
     assert [(e["step"], e["host"]) for e in changed] == [(0, h1), (1, h2), (1, h2)]
     assert changed[1]["restarted"] and changed[2]["restarted"] == []   # not redone
     assert [g["step"] for g in run["gates"]] == [1] * 4                # step 0 not re-gated
+    gates = {g["gate"]: g for g in run["gates"]}       # gated as the run started, not as
+    assert gates["drift"]["verdict"] == "pass"         # the resuming command's defaults
+    assert gates["throughput"]["figures"]["max_drop"] == 0.8
     for host, state in snapshot(env, capsys).items():
         assert "indexer-bf16-gemm" in [n for n, _ in state["applied"]], host
 

@@ -64,6 +64,9 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
     --baseline) must pass, else every changed host is rolled back and the rollout stops.
     Exit 0 every step passed, 1 a gate stopped it (rolled back), 4 the rollback failed."""
     from patchset.isolate import rollout as ro
+    if resume and dry_run:
+        raise UsageError("--resume goes on changing hosts; --dry-run is for a new "
+                         "rollout's plan (the log shows a started one's)")
     if on_unknown not in ("stop", "continue"):
         raise UsageError(f"--on-unknown {on_unknown!r}: stop or continue")
     s = load(series)

@@ -90,6 +90,10 @@ def make_plan(hosts: list[str], canary: str | None, batch: int,
     if len(set(hosts)) != len(hosts):
         raise UsageError(f"hosts: {', '.join(sorted({h for h in hosts if hosts.count(h) > 1}))}"
                          " named twice")
+    bare = [h for h in hosts if not roles_of(h)]
+    if bare:
+        raise UsageError(f"{', '.join(bare)}: no prefill or decode role in the inventory: "
+                         "nothing serves the tree there to gate on")
     name, _, role = (canary or hosts[0]).partition(":")
     if name not in hosts:
         raise UsageError(f"--canary {canary}: not one of the hosts rolled out to "
@@ -297,10 +301,21 @@ def start(fleet: Fleet, change: Change, steps: list[Step], log_dir: Path | None 
     run = Rollout(rid, change, steps, str(path), dry_run=dry_run)
     if dry_run:
         return run
+    preflight(fleet, steps, say)
     Log(path).write("plan", id=rid, change=change.to_json(),
                     steps=[s.to_json() for s in steps], on_unknown=fleet.on_unknown,
                     settings=settings or {})
     return _go(fleet, run, Log(path), {}, say)
+
+
+def preflight(fleet: Fleet, steps: list[Step], say: Say) -> None:
+    """Every host of the plan must be restorable before the first one changes: a host of
+    the last batch that could not be rolled back is refused now, not after the canary
+    (each state is saved again right before its own step)."""
+    for name in dict.fromkeys(h for s in steps for h in s.hosts):
+        hoststate.save(fleet.hosts[name])
+    say(f"{len(fleet.hosts)} host(s) restorable: applied patches are the series' files, "
+        "units as deploy renders them")
 
 
 def resume(fleet_for: Callable[[list[str], dict], Fleet], path: Path,

@@ -187,6 +187,23 @@ def test_an_unknown_gate_stops_unless_told_otherwise(world, tmp_path, on_unknown
     assert (world.actual["h1"].applied == ("a",)) is finished
 
 
+def test_a_host_that_could_not_be_restored_is_refused_before_any_change(
+        world, tmp_path, monkeypatch) -> None:
+    def save(t, what=""):
+        if t.host.name == "h3":
+            raise UsageError("h3: it runs x sha256 0123, which is not the series' file")
+        return world.actual[t.host.name]
+    monkeypatch.setattr(ro.hoststate, "save", save)
+    with pytest.raises(UsageError, match="h3: it runs x"):
+        ro.start(fleet(), ro.Change(revert=("c",)), plan(), tmp_path)
+    assert world.changes == [] and not list(tmp_path.iterdir())
+
+
+def test_a_host_without_a_server_role_is_refused() -> None:
+    with pytest.raises(UsageError, match="h2: no prefill or decode role"):
+        ro.make_plan(["h1", "h2"], None, 1, lambda h: [] if h == "h2" else ["decode"])
+
+
 def test_dry_run_writes_nothing(world, tmp_path) -> None:
     run = ro.start(fleet(), ro.Change(revert=("c",)), plan(), tmp_path, dry_run=True)
     assert run.dry_run and not list(tmp_path.iterdir()) and world.changes == []
@@ -233,3 +250,60 @@ def test_a_damaged_log_is_named_by_line(tmp_path) -> None:
         ro.Log(path).read()
     path.write_text('{"event": "plan"}\n{"event": "st')    # a last line cut by a kill
     assert ro.Log(path).read() == [{"event": "plan"}]
+
+
+# ---------------------------------------------------------------- the command
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS = """version: 1
+hosts:
+  gpu1: {address: 192.0.2.1, tree: /opt/sglang, roles: {prefill: {port: 30000}, decode: {port: 30001}}}
+  gpu2: {address: 192.0.2.2, tree: /opt/sglang, roles: {decode: {port: 30001}}}
+"""
+
+
+def run_cli(tmp_path, monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
+    from patchset.cli import main
+    (tmp_path / "hosts.yaml").write_text(HOSTS)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    code = main(["rollout", *argv, "--inventory", str(tmp_path / "hosts.yaml"),
+                 "--series", str(ROOT / "patches.yaml")])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_resume_without_an_unfinished_rollout_is_bad_input(tmp_path, monkeypatch,
+                                                           capsys) -> None:
+    from patchset.cli import main
+    (tmp_path / "hosts.yaml").write_text(HOSTS)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    code = main(["rollout", "--resume", "--inventory", str(tmp_path / "hosts.yaml"),
+                 "--series", str(ROOT / "patches.yaml")])
+    assert code == Exit.BAD_INPUT
+    assert "--resume: no unfinished rollout under" in capsys.readouterr().err
+
+
+def test_the_command_dry_run_prints_the_plan(tmp_path, monkeypatch, capsys) -> None:
+    code, out, err = run_cli(tmp_path, monkeypatch, capsys, "--revert", "mhc-bf16",
+                             "--canary", "gpu1:prefill", "--dry-run", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["dry_run"] is True and data["change"]["revert"] == ["mhc-bf16"]
+    assert [(s["kind"], s["hosts"], s["roles"]) for s in data["steps"]] == [
+        ("canary", ["gpu1"], {"gpu1": ["prefill"]}), ("batch", ["gpu1"], {}),
+        ("batch", ["gpu2"], {})]
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--tier", "safe", "--revert", "mhc-bf16"), "give one change"),
+    (("--revert", "no-such-patch"), "no patch named 'no-such-patch'"),
+    (("--gate-off", "mhc-bf16"), "--gate-off mhc-bf16: that patch has no gate"),
+    (("--revert", "mhc-bf16", "--canary", "gpu2:prefill"), "gpu2 has no 'prefill' role"),
+    (("--revert", "mhc-bf16", "--on-unknown", "maybe"), "--on-unknown 'maybe'"),
+    (("--resume",), "--resume goes on changing hosts; --dry-run is for a new"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv,
+                                          message) -> None:
+    code, out, err = run_cli(tmp_path, monkeypatch, capsys, *argv, "--dry-run")
+    assert code == Exit.BAD_INPUT and message in err, err

@@ -136,6 +136,18 @@ def test_the_drift_gate_is_three_valued(outcome, upper, verdict) -> None:
     assert ro.drift_verdict(decision(outcome, upper))[0] == verdict
 
 
+@pytest.mark.parametrize("before,after,verdict", [
+    (100.0, 60.0, "pass"), (100.0, 40.0, "fail"), (None, 60.0, "unknown"),
+    (100.0, None, "unknown")])
+def test_the_throughput_gate_against_the_load_before(before, after, verdict) -> None:
+    from patchset.isolate.rolloutgates import FleetGates
+    gates = FleetGates(SERIES, None, {}, max_drop=0.5)
+    gates._throughput = lambda host: (after, "" if after else "no answer")
+    result = gates._load("h1", {"tokens_per_second": before, "throughput_why": ""})
+    assert result.verdict == verdict
+    assert result.figures == {"before": before, "after": after, "max_drop": 0.5}
+
+
 def test_only_new_high_findings_fail_a_step() -> None:
     old = {"id": "hazard[x]", "subject": "s1", "message": ""}
     new = {"id": "hazard[y]", "subject": "s1", "message": ""}

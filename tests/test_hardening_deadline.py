@@ -256,7 +256,8 @@ BAD_TIMEOUTS = [("probe", "--url", "http://127.0.0.1:9", "--timeout"),
                 ("audit", "localhost", "--probe", "recall", "--probe-timeout"),
                 ("serve", "localhost", "--probe-timeout"),
                 ("serve", "localhost", "--client-timeout"),
-                ("bisect", "gpu1", "--probe-timeout")]
+                ("bisect", "gpu1", "--probe-timeout"),
+                ("rollout", "gpu1", "--revert", "mhc-bf16", "--probe-timeout")]
 
 
 # every option at 0; the probe's --timeout at every kind of bad value

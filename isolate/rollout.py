@@ -23,9 +23,8 @@ import os
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
-from patchset.agent import safewrite
 from patchset.errors import Exit, PatchsetError, UsageError
 
 from . import hoststate
@@ -451,10 +450,6 @@ def _label(step: Step, host: str) -> str:
     return f"{host}:{','.join(roles)}" if roles else host
 
 
-def events(path: Path) -> Iterator[dict]:
-    yield from Log(path).read()
-
-
 def _new_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + \
         secrets.token_hex(3)
@@ -464,7 +459,7 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def describe(run: Rollout, fleet_hosts: dict[str, DrivenHost] | None = None) -> list[str]:
+def describe(run: Rollout) -> list[str]:
     """The plan as lines (`--dry-run`)."""
     lines = [f"rollout {run.id}: {run.change.label}"]
     for step in run.steps:
@@ -473,7 +468,3 @@ def describe(run: Rollout, fleet_hosts: dict[str, DrivenHost] | None = None) -> 
     lines.append(f"  gates after each step: {', '.join(GATES)}")
     return lines
 
-
-def write_json(path: Path, value: Any) -> None:
-    safewrite.write_file(path, (json.dumps(value, indent=2) + "\n").encode(), 0o644,
-                         streams=True)

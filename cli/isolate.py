@@ -266,6 +266,10 @@ def adopt_cmd(host: str = typer.Argument(..., help="inventory name, user@host[:p
     options = AdoptOptions(checkout=checkout, split=split, tier=tier, path=path,
                            offline=offline, author=author)
     with resolver_for(s, inventory, target, accept_new) as resolver:
+        if host not in resolver.inventory.hosts and host not in ("localhost", "local") \
+                and "@" not in host:
+            raise UsageError(f"host {host!r}: not in the inventory; add it to hosts.yaml "
+                             "or give user@host[:port]")
         transport = resolver.transport(host, provision_local=False)
         result = plan(s, transport, options, progress=RichProgress())
         if write:

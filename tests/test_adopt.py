@@ -177,6 +177,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_changed(fork, capsys, tmp_path
     served = tree_hashes(fork["site"])
     for argv, words in [(["localhost", "--target", str(not_sglang)], "no sglang tree"),
                         (["no host!"], "host"),
+                        (["nosuchhost"], "not in the inventory"),
                         (["localhost", "--target", str(fork["site"]), "--tier", "x"], "--tier")]:
         code, _, err = adopt(capsys, *argv)
         assert code == Exit.BAD_INPUT and words in err, err

@@ -241,6 +241,7 @@ def adopt(req: AdoptRequest, bundle: Path) -> AdoptResult:
                                  f"({', '.join(moved[:5])}): run adopt again (nothing was "
                                  "changed)", "usage")
     state = TreeState.from_json(req.state, "the adopt request")
+    state.updated = last_change(target)
     try:
         _record(target, state, req, bundle)
         after = served_files(target)
@@ -251,6 +252,18 @@ def adopt(req: AdoptRequest, bundle: Path) -> AdoptResult:
         shutil.rmtree(target.meta, ignore_errors=True)
         raise
     return AdoptResult(str(target.root), len(before), True, state.names())
+
+
+def last_change(target: engine.Target) -> str:
+    """The state's `updated`: when the served files last changed (their newest mtime), not
+    the adoption's time. Adopting changes no byte, so a process started after that moment
+    runs exactly the adopted series (the time rule of staleness.judge)."""
+    import time
+    top = target.disk(f"{target.prefix}{target.package}")
+    newest = max((p.stat().st_mtime for p in top.rglob("*") if p.is_file()
+                  and "__pycache__" not in p.parts), default=0.0)
+    t = min(newest, time.time())
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 def _record(target: engine.Target, state: TreeState, req: AdoptRequest, bundle: Path) -> None:

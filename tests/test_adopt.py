@@ -151,6 +151,17 @@ def test_split_gives_one_patch_per_hand_edited_file(fork, capsys) -> None:
                                           ["python/sglang/version.py"]]
 
 
+def test_the_checkout_is_found_where_pip_recorded_it(fork, capsys) -> None:
+    """pip's direct_url.json (PEP 610) names the directory it installed from: python/."""
+    record = fork["site"] / "sglang-0.5.14.dist-info" / "direct_url.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"url": f"file://{fork['fork']}/python", "dir_info": {}}))
+    code, out, err = adopt(capsys, "localhost", "--target", str(fork["site"]), "--json")
+    assert code == Exit.OK, err
+    plan = json.loads(out)
+    assert plan["base"]["source"] == "merge-base" and len(plan["patches"]) == 3
+
+
 def test_a_git_checkout_served_as_it_is(fork, capsys) -> None:
     """The served tree is the checkout itself (git layout): its commits, no hand edit."""
     code, out, err = adopt(capsys, "localhost", "--target", str(fork["fork"]), "--json")

@@ -159,7 +159,8 @@ def served_files(target: engine.Target) -> dict[str, str]:
 def inventory(req: InventoryRequest) -> InventoryResult:
     target = engine.Target(req.target, req.git_prefix, req.package)
     files = served_files(target)
-    checkout = Path(req.checkout) if req.checkout else (target.root if target.is_git else None)
+    checkout = Path(req.checkout) if req.checkout else (target.root if target.is_git
+                                                        else installed_from(target))
     facts = _git_facts(checkout, req) if checkout is not None else None
     wanted = req.read[:READ_LIMIT]
     served = {p: _text(target.disk(p)) for p in wanted}
@@ -167,6 +168,24 @@ def inventory(req: InventoryRequest) -> InventoryResult:
     return InventoryResult(str(target.root), "git" if target.is_git else "plain",
                            target.layout, target.state_file.exists(), files, facts,
                            served, at_head)
+
+
+def installed_from(target: engine.Target) -> Path | None:
+    """The git checkout a site-packages install came from, as pip recorded it
+    (PACKAGE-*.dist-info/direct_url.json, PEP 610: a local directory), else None."""
+    import json
+    from urllib.parse import unquote, urlparse
+    for record in sorted(target.root.glob(f"{target.package}-*.dist-info/direct_url.json")):
+        try:
+            url = urlparse(json.loads(record.read_text(encoding="utf-8"))["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if url.scheme != "file":
+            continue
+        for where in (Path(unquote(url.path)), *Path(unquote(url.path)).parents):
+            if (where / ".git").exists():
+                return where
+    return None
 
 
 def _text(path: Path) -> str | None:

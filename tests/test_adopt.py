@@ -209,3 +209,33 @@ def test_a_gate_is_proposed_only_for_a_name_the_base_never_reads() -> None:
     assert proposed_gate(diff, "SGLANG_OLD") == {"env": "SGLANG_NEW", "on": "1"}
     assert proposed_gate(diff, "SGLANG_OLD SGLANG_NEW") is None
     assert proposed_gate('-    os.getenv("SGLANG_GONE")\n', "") is None
+
+
+def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
+        fork, capsys, monkeypatch) -> None:
+    """The adopt op hashes the served files before (against the plan) and after: a
+    difference either way leaves no state behind."""
+    from patchset.agent import adoption
+    site = fork["site"]
+    served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))
+    state = {"format": 2, "updated": "", "kind": "plain", "layout": "wheel", "upstream": None,
+             "base": {"commit": fork["pin"], "files": {}}, "applied": [], "files": {}}
+    moved = dict(served, **{"python/sglang/version.py": "0" * 40})
+    req = adoption.AdoptRequest(str(site), state, moved, [], [])
+    result = adoption.run(req.to_json(), site)
+    assert result["ok"] is False and "changed since the plan" in result["error"]["message"]
+    assert not (site / ".patchset").exists()
+    real = adoption._record
+
+    def meddle(target, *args) -> None:
+        real(target, *args)
+        (site / "sglang" / "srt" / "foo.py").write_text("meddled\n")
+    monkeypatch.setattr(adoption, "_record", meddle)
+    result = adoption.run(adoption.AdoptRequest(str(site), state, served, [], []).to_json(), site)
+    assert result["ok"] is False and "changed while adopting" in result["error"]["message"]
+    assert not (site / ".patchset").exists()
+    (site / ".patchset").mkdir()                 # what a killed adopt leaves: no state
+    monkeypatch.setattr(adoption, "_record", real)
+    served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))
+    result = adoption.run(adoption.AdoptRequest(str(site), state, served, [], []).to_json(), site)
+    assert result["ok"] is True and (site / ".patchset" / "state.json").is_file()

@@ -249,9 +249,10 @@ def adopt(req: AdoptRequest, bundle: Path) -> AdoptResult:
     """Record the state; the served files are hashed before and after, and any difference
     (or failure) removes .patchset/ again, so the tree is as it was."""
     target = engine.Target(req.target, req.git_prefix, req.package)
-    if target.meta.exists():
-        raise engine.EngineError(f"{target.root} is already managed or holds {engine.META}/; "
-                                 "adopt takes an unmanaged tree (nothing was changed)", "usage")
+    if target.state_file.exists():
+        raise engine.EngineError(f"{target.root} is already managed by patchset; adopt takes "
+                                 "an unmanaged tree (nothing was changed)", "usage")
+    leftover = target.meta.exists()      # a killed adopt's (no state): rewritten whole
     before = served_files(target)
     moved = sorted(p for p in set(before) | set(req.expected)
                    if before.get(p) != req.expected.get(p))
@@ -268,7 +269,10 @@ def adopt(req: AdoptRequest, bundle: Path) -> AdoptResult:
             raise engine.EngineError(f"{target.root}: served files changed while adopting; "
                                      "the management state was removed", "target")
     except BaseException:
-        shutil.rmtree(target.meta, ignore_errors=True)
+        if leftover:
+            target.state_file.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(target.meta, ignore_errors=True)
         raise
     return AdoptResult(str(target.root), len(before), True, state.names())
 

@@ -437,7 +437,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "queue": ("list", "show", "check", "plan", "apply", "revert", "status", "provision",
               "version"),
     "serving": ("deploy",),
-    "isolate": ("probe", "export", "import", "init", "capture"),
+    "isolate": ("probe", "export", "import", "init", "adopt", "capture"),
     "rebase": ("rebase",),
     "audit": ("audit", "trace"),
     "bisect": ("bisect",),

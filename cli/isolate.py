@@ -227,6 +227,88 @@ def init_cmd(directory: Path = typer.Argument(Path("."), help="where patches.yam
             f"({result.how}), an empty series")
 
 
+# ---------------------------------------------------------------- adopt
+
+@app.command("adopt")
+def adopt_cmd(host: str = typer.Argument(..., help="inventory name, user@host[:port] or "
+                                         "localhost (with --target)"),
+              checkout: Optional[str] = typer.Option(None, "--checkout", help="on the host: "
+                                                     "the git checkout the served "
+                                                     "site-packages was installed from"),
+              split: bool = typer.Option(False, "--split", help="hand edits: one patch per "
+                                         "file"),
+              tier: str = typer.Option("risky", "--tier", help="tier of every proposed patch"),
+              path: str = typer.Option("both", "--path", help="path of every proposed patch"),
+              write: bool = typer.Option(False, "--write", help="write patches.yaml + "
+                                         "patches/ and put the host under management (no "
+                                         "served byte changes)"),
+              force: bool = typer.Option(False, "--force", help="--write over a manifest "
+                                         "that already holds a series (replaces it)"),
+              author: Optional[str] = typer.Option(None, "--author", help="DEP-3 Author of "
+                                                   "the hand edits: 'Name <email>' (commits "
+                                                   "name their own)"),
+              offline: bool = typer.Option(False, "--offline", help="never touch the network"),
+              target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
+              accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
+              series: Optional[Path] = SeriesOpt) -> None:
+    """Read the unmanaged tree a host's server imports, find its base (with the files
+    compared and matching) and propose a series: one patch per local commit, one for the
+    hand edits (--split: per file), each with a proposed gate, trace targets and
+    call-path guards. Dry run unless --write; --write changes no served byte (hashed
+    before and after)."""
+    from ..adopt import AdoptOptions, plan, write as write_series
+    from ..interop import ImportMeta
+    ImportMeta(tier=tier, path=path)                     # bad flags before any host is read
+    s = load(series)
+    if write and s.patches and not force:
+        raise UsageError(f"{s.manifest}: already holds a series ({len(s.patches)} patches); "
+                         "pass --force to replace it")
+    options = AdoptOptions(checkout=checkout, split=split, tier=tier, path=path,
+                           offline=offline, author=author)
+    with resolver_for(s, inventory, target, accept_new) as resolver:
+        if host not in resolver.inventory.hosts and host not in ("localhost", "local") \
+                and "@" not in host:
+            raise UsageError(f"host {host!r}: not in the inventory; add it to hosts.yaml "
+                             "or give user@host[:port]")
+        transport = resolver.transport(host, provision_local=False)
+        result = plan(s, transport, options, progress=RichProgress())
+        if write:
+            result = write_series(s, transport, result, force=force, author=author,
+                                  progress=RichProgress())
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        _render_adopt(result)
+
+
+def _render_adopt(result) -> None:
+    console = term()
+    b = result.base
+    console.print(f"{result.host}:{result.target} ({result.layout} layout)", markup=False)
+    console.print(f"base: {b.label}: {b.matching} of {b.compared} served files match the "
+                  "pin", markup=False)
+    for c in result.candidates:
+        console.print(f"  candidate {c.label}: {c.matching}/{c.compared} files match",
+                      markup=False)
+    for p in result.patches:
+        gate = f" gate {p.gate['env']}={p.gate['on']}" if p.gate else ""
+        console.print(f"  {p.name}  [{p.source}] {p.tier}/{p.path}{gate}  "
+                      f"{', '.join(p.files)}", markup=False)
+        for t in p.trace_targets:
+            console.print(f"      trace {t}", markup=False)
+        if p.guards:
+            console.print(f"      guards {', '.join(p.guards)}", markup=False)
+    for c in result.left_out:
+        console.print(f"  left out {c.commit[:12]} {c.subject}: {c.why}", markup=False)
+    for note in result.notes:
+        say(note)
+    if result.written:
+        say(f"wrote {len(result.written)} patch(es); {result.host} is managed, "
+            f"{result.files_hashed} served files identical before and after")
+    else:
+        say("dry run: nothing written (--write to adopt)")
+
+
 # ---------------------------------------------------------------- capture
 
 @app.command()

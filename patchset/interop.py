@@ -51,6 +51,7 @@ class Incoming:
     raw_header: str | None        # the header text, when it is already valid DEP-3
     diff: str                     # the diff text as read
     strip: int = 1                # -pN
+    gate: dict | None = None      # a proposed env gate {env, on} (adopt), else none
 
 
 @dataclass(frozen=True)
@@ -335,6 +336,7 @@ class _Built:
     summary: str
     tier: str
     path: str
+    gate: dict | None = None
 
 
 def _build_all(series: Series, items: list[Incoming], meta: ImportMeta,
@@ -359,7 +361,8 @@ def _build_all(series: Series, items: list[Incoming], meta: ImportMeta,
         summary = parsed.header.get("Description", parsed.header.get("Subject", name))
         built.append(_Built(Imported(name=name, file=f"patches/{name}.patch",
                                      source=item.source, depends=depends, rediffed=rediffed),
-                            text, summary.split("\n")[0][:200], meta.tier, meta.path))
+                            text, summary.split("\n")[0][:200], meta.tier, meta.path,
+                            item.gate))
     return built
 
 
@@ -466,7 +469,7 @@ def _append_entries(text: str, built: list[_Built]) -> str:
     if re.fullmatch(r"series:\s*\[\s*\]\s*(#.*)?", lines[start]):
         lines[start] = "series:"
     entries = [{"name": b.entry.name, "file": b.entry.file, "summary": b.summary,
-                "tier": b.tier, "path": b.path, "gate": None, "requires": [],
+                "tier": b.tier, "path": b.path, "gate": b.gate, "requires": [],
                 "depends": b.entry.depends, "conflicts": [], "upstream_status": "pending"}
                for b in built]
     block = yaml.safe_dump(entries, sort_keys=False, default_flow_style=None, width=1000)

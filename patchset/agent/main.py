@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from . import bounded, engine
-from .protocol import GATHER_OPS, PROTOCOL, TREE_OPS, UNIT_OPS, Events, error, result_line
+from .protocol import ADOPT_OPS, GATHER_OPS, PROTOCOL, TREE_OPS, UNIT_OPS, Events, error, result_line
 
-OPS = TREE_OPS + UNIT_OPS + GATHER_OPS
+OPS = TREE_OPS + UNIT_OPS + GATHER_OPS + ADOPT_OPS
 # ops that run in their own process even for a local tree: a deploy's transaction (and its
 # rollback) must outlive a Ctrl-C or a closed terminal of the controller
 ISOLATED_OPS = ("deploy",)
@@ -36,6 +36,9 @@ def serve(request: dict, bundle: Path, events: Events) -> dict:
     if op in GATHER_OPS:
         from . import gather
         return gather.run(request)
+    if op in ADOPT_OPS:
+        from . import adoption
+        return adoption.run(request, bundle)
     shown = repr(op) if isinstance(op, str) and re.fullmatch(r"[a-z-]{1,32}", op) else "(not shown)"
     return error("usage", f"unknown op {shown}")
 

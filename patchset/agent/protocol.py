@@ -20,8 +20,10 @@ PROTOCOL = 1
 TREE_OPS = ("apply", "revert", "status", "capture", "bisect-mark")     # engine.py
 UNIT_OPS = ("facts", "deploy")                                         # deployer.py
 GATHER_OPS = ("audit",)                                                # gather.py
+ADOPT_OPS = ("inventory", "adopt")                                     # adoption.py
 PARTS = {**{op: "the engine" for op in TREE_OPS}, **{op: "the deploy runner" for op in UNIT_OPS},
-         **{op: "the gatherer" for op in GATHER_OPS}}
+         **{op: "the gatherer" for op in GATHER_OPS},
+         **{op: "the adopter" for op in ADOPT_OPS}}
 
 
 def ended(code: int | None, shell: bool = False) -> str:

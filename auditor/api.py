@@ -24,6 +24,7 @@ from . import hostfacts
 from . import policy as policy_mod
 from . import waivers as waivers_mod
 from .checks import AuditContext, run_all
+from .cohorts import CohortSpec
 from .model import (PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report,
                     counted)
 from .rank import Access, entry_url, rank
@@ -167,9 +168,11 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
              access: Access | None = None, pol: policy_mod.Policy | None = None,
              probes: dict[str, list[ProbeResult]] | None = None,
              waivers: waivers_mod.WaiverFile | None = None,
-             clock: waivers_mod.Clock | None = None) -> Report:
+             clock: waivers_mod.Clock | None = None,
+             cohorts: tuple[CohortSpec, ...] = ()) -> Report:
     """Everything after gathering: pure, so tests feed it fixture facts (and probe
-    results) directly. Probe findings go in before ranking, which reads them; the waivers
+    results) directly. `cohorts` (cohorts.from_inventory) groups the audited hosts for
+    the check cohort-parity, which compares servers across hosts. Probe findings go in before ranking, which reads them; the waivers
     apply after both, before the ranking, the summary and the exit code (`clock` gives
     the day their expiry is judged by)."""
     pol = pol or policy_mod.load()
@@ -178,7 +181,7 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
     hosts = [HostReport(host=f.host, facts=f,
                         states=evaluate_host(series, f) if f.reachable and not f.error else [])
              for f in facts]
-    ctx = AuditContext(series, pol, hosts)
+    ctx = AuditContext(series, pol, hosts, tuple(cohorts))
     run_all(ctx)
     for h in hosts:
         if probes and h.host in probes:
@@ -199,23 +202,25 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
 def audit(series: Series, transports: list[Transport], symptom: str | None = None,
           access: Access | None = None, pol: policy_mod.Policy | None = None,
           probes: HostProbes | None = None,
-          waivers: waivers_mod.WaiverFile | None = None) -> Report:
+          waivers: waivers_mod.WaiverFile | None = None,
+          cohorts: tuple[CohortSpec, ...] = ()) -> Report:
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
     return evaluate_gathered(series, _collect(series, transports, pol, probes), symptom,
-                             access, pol, waivers)
+                             access, pol, waivers, cohorts=cohorts)
 
 
 def evaluate_gathered(series: Series, gathered: list[Gathered], symptom: str | None = None,
                       access: Access | None = None, pol: policy_mod.Policy | None = None,
                       waivers: waivers_mod.WaiverFile | None = None,
-                      clock: waivers_mod.Clock | None = None) -> Report:
+                      clock: waivers_mod.Clock | None = None,
+                      cohorts: tuple[CohortSpec, ...] = ()) -> Report:
     """`evaluate` of hosts gathered apart (`patchset serve` gathers each on its own
     schedule): the same report as one audit of all of them."""
     runs = {g.facts.host: g.probes for g in gathered if g.probes is not None}
     return evaluate(series, [g.facts for g in gathered], symptom, access, pol, runs,
-                    waivers, clock)
+                    waivers, clock, cohorts)
 
 
 def exit_code(report: Report) -> int:

@@ -13,6 +13,7 @@ from patchset.errors import UsageError
 from patchset.model import Series
 
 from . import api
+from . import cohorts as cohorts_mod
 from . import policy as policy_mod
 from . import waivers as waivers_mod
 from .rank import Access
@@ -67,7 +68,8 @@ def run(series: Series, transports: list[Any], symptom: str | None, inventory: A
         waivers: waivers_mod.WaiverFile | None = None):
     steps = access(inventory, specs, inventory_file, series_file)
     steps.measured = tuple(measured)          # --measured (auditor/measured.py load_all)
-    report = api.audit(series, transports, symptom, steps, probes=probes, waivers=waivers)
+    report = api.audit(series, transports, symptom, steps, probes=probes, waivers=waivers,
+                       cohorts=cohorts_mod.from_inventory(inventory, series))
     return report, to_dict(report), api.exit_code(report)
 
 

@@ -24,15 +24,16 @@ from . import hostfacts
 from . import policy as policy_mod
 from . import waivers as waivers_mod
 from .checks import AuditContext, run_all
-from .cohorts import CohortSpec
-from .model import (PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report,
-                    counted)
+from .cohorts import CohortSpec, runs
+from .model import (PROBE_EVIDENCE, CohortMember, Evidence, Finding, HostFacts, HostReport,
+                    ProbeResult, Report, counted)
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.6"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
+SCHEMA_VERSION = "1.7"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
                                 # 1.4: waivers, findings[].waiver, status waived, waiver[...]
                                 # 1.5: symptom.measured[].recorded; 1.6: states[].observation, modes
+                                # 1.7: cohorts[] (host, server, role, cohort, hash), cohort-parity
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 PROBE_PATHS = {"drift": "/generate"}   # where a probe POSTs (else a chat completion)
@@ -191,7 +192,9 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
                     series={"manifest": series.manifest, "upstream": {
                         "name": series.upstream.name, "version": series.upstream.version},
                         "patches": [p.name for p in series.patches]},
-                    hosts=hosts)
+                    hosts=hosts, cohorts=[CohortMember(r.host, r.server, r.role, r.cohort,
+                                                       r.digest())
+                                          for r in runs(series, hosts, tuple(cohorts))])
     if waivers is not None:
         report.waivers = waivers_mod.apply(hosts, waivers, clock)
     if symptom:

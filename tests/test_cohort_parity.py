@@ -186,3 +186,22 @@ def test_ansible_names_the_cohort(tmp_path) -> None:
     inv = inventory_mod.load(path)
     assert inv.hosts["gpu1"].cohort == "flash"
     assert inv.cohorts["flash"].hosts == ("gpu1",)
+
+
+# ---------------------------------------------------------------- report and metrics
+
+def test_the_report_and_the_exporter_carry_cohort_and_hash(series, seed) -> None:
+    from patchset.auditor import metrics
+    from patchset.auditor.report import to_dict, validate
+    seed = loaded_with(seed, series)
+    other = loaded_with(without(seed, "mhc-bf16"), series)
+    data = to_dict(api.evaluate(series, [synth.facts(seed, series, "gpu1"),
+                                         synth.facts(other, series, "gpu2")], cohorts=PAIR))
+    assert validate(data) == []
+    rows = {(c["host"], c["role"]): c for c in data["cohorts"]}
+    assert rows[("gpu1", "decode")]["hash"] != rows[("gpu2", "decode")]["hash"]
+    assert rows[("gpu1", "prefill")]["cohort"] == "flash"
+    text = metrics.render(data)
+    line = (f'patchset_server_cohort{{cohort="flash",hash="{rows[("gpu2", "decode")]["hash"]}",'
+            'host="gpu2",role="decode",server="sglang-decode.service"} 1.0')
+    assert line in text

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from patchset import __version__
-from patchset.api import on_hosts
+from patchset.api import DEFAULT_FORKS, on_hosts
 from patchset.errors import Exit, HostUnreachable, PatchsetError, TargetError
 from patchset.transport import Transport
 from patchset.model import Series
@@ -80,11 +80,12 @@ def collect(series: Series, transports: list[Transport], pol: policy_mod.Policy)
 
 
 def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy,
-             probes: HostProbes | None) -> list[Gathered]:
-    """Facts of every host in parallel; each host's probes run right after its facts
-    (they need them to find its endpoint), so a slow probe never holds up another host."""
+             probes: HostProbes | None, forks: int = DEFAULT_FORKS) -> list[Gathered]:
+    """Facts of every host in parallel (`forks` at once); each host's probes run right
+    after its facts (they need them to find its endpoint), so a slow probe never holds up
+    another host."""
     request = gather_request(series, pol)
-    return on_hosts(transports, lambda t: gather(t, request, probes))
+    return on_hosts(transports, lambda t: gather(t, request, probes), forks)
 
 
 def gather(transport: Transport, request: dict, probes: HostProbes | None = None) -> Gathered:
@@ -206,11 +207,11 @@ def audit(series: Series, transports: list[Transport], symptom: str | None = Non
           access: Access | None = None, pol: policy_mod.Policy | None = None,
           probes: HostProbes | None = None,
           waivers: waivers_mod.WaiverFile | None = None,
-          cohorts: tuple[CohortSpec, ...] = ()) -> Report:
+          cohorts: tuple[CohortSpec, ...] = (), forks: int = DEFAULT_FORKS) -> Report:
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
-    return evaluate_gathered(series, _collect(series, transports, pol, probes), symptom,
+    return evaluate_gathered(series, _collect(series, transports, pol, probes, forks), symptom,
                              access, pol, waivers, cohorts=cohorts)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from patchset import __version__
-from patchset.api import on_hosts
+from patchset.api import DEFAULT_FORKS, on_hosts
 from patchset.errors import Exit, HostUnreachable, PatchsetError, TargetError
 from patchset.transport import Transport
 from patchset.model import Series
@@ -24,14 +24,16 @@ from . import hostfacts
 from . import policy as policy_mod
 from . import waivers as waivers_mod
 from .checks import AuditContext, run_all
-from .model import (PROBE_EVIDENCE, Evidence, Finding, HostFacts, HostReport, ProbeResult, Report,
-                    counted)
+from .cohorts import CohortSpec, runs
+from .model import (PROBE_EVIDENCE, CohortMember, Evidence, Finding, HostFacts, HostReport,
+                    ProbeResult, Report, counted)
 from .rank import Access, entry_url, rank
 from .states import evaluate_host
 
-SCHEMA_VERSION = "1.6"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
+SCHEMA_VERSION = "1.7"          # 1.1: probes, probe[...]; 1.2: states[].evidence, trace[...]; 1.3: probes[].drift
                                 # 1.4: waivers, findings[].waiver, status waived, waiver[...]
                                 # 1.5: symptom.measured[].recorded; 1.6: states[].observation, modes
+                                # 1.7: cohorts[] (host, server, role, cohort, hash), cohort-parity
 PROBE_CHECK = "probe"           # finding ids probe[recall], probe[needle]
 PROBE_SEVERITY = "high"         # a server that loses context serves wrong answers
 PROBE_PATHS = {"drift": "/generate"}   # where a probe POSTs (else a chat completion)
@@ -78,11 +80,12 @@ def collect(series: Series, transports: list[Transport], pol: policy_mod.Policy)
 
 
 def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy,
-             probes: HostProbes | None) -> list[Gathered]:
-    """Facts of every host in parallel; each host's probes run right after its facts
-    (they need them to find its endpoint), so a slow probe never holds up another host."""
+             probes: HostProbes | None, forks: int = DEFAULT_FORKS) -> list[Gathered]:
+    """Facts of every host in parallel (`forks` at once); each host's probes run right
+    after its facts (they need them to find its endpoint), so a slow probe never holds up
+    another host."""
     request = gather_request(series, pol)
-    return on_hosts(transports, lambda t: gather(t, request, probes))
+    return on_hosts(transports, lambda t: gather(t, request, probes), forks)
 
 
 def gather(transport: Transport, request: dict, probes: HostProbes | None = None) -> Gathered:
@@ -167,9 +170,11 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
              access: Access | None = None, pol: policy_mod.Policy | None = None,
              probes: dict[str, list[ProbeResult]] | None = None,
              waivers: waivers_mod.WaiverFile | None = None,
-             clock: waivers_mod.Clock | None = None) -> Report:
+             clock: waivers_mod.Clock | None = None,
+             cohorts: tuple[CohortSpec, ...] = ()) -> Report:
     """Everything after gathering: pure, so tests feed it fixture facts (and probe
-    results) directly. Probe findings go in before ranking, which reads them; the waivers
+    results) directly. `cohorts` (cohorts.from_inventory) groups the audited hosts for
+    the check cohort-parity, which compares servers across hosts. Probe findings go in before ranking, which reads them; the waivers
     apply after both, before the ranking, the summary and the exit code (`clock` gives
     the day their expiry is judged by)."""
     pol = pol or policy_mod.load()
@@ -178,7 +183,7 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
     hosts = [HostReport(host=f.host, facts=f,
                         states=evaluate_host(series, f) if f.reachable and not f.error else [])
              for f in facts]
-    ctx = AuditContext(series, pol, hosts)
+    ctx = AuditContext(series, pol, hosts, tuple(cohorts))
     run_all(ctx)
     for h in hosts:
         if probes and h.host in probes:
@@ -188,7 +193,9 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
                     series={"manifest": series.manifest, "upstream": {
                         "name": series.upstream.name, "version": series.upstream.version},
                         "patches": [p.name for p in series.patches]},
-                    hosts=hosts)
+                    hosts=hosts, cohorts=[CohortMember(r.host, r.server, r.role, r.cohort,
+                                                       r.digest())
+                                          for r in runs(series, hosts, tuple(cohorts))])
     if waivers is not None:
         report.waivers = waivers_mod.apply(hosts, waivers, clock)
     if symptom:
@@ -199,23 +206,25 @@ def evaluate(series: Series, facts: list[HostFacts], symptom: str | None = None,
 def audit(series: Series, transports: list[Transport], symptom: str | None = None,
           access: Access | None = None, pol: policy_mod.Policy | None = None,
           probes: HostProbes | None = None,
-          waivers: waivers_mod.WaiverFile | None = None) -> Report:
+          waivers: waivers_mod.WaiverFile | None = None,
+          cohorts: tuple[CohortSpec, ...] = (), forks: int = DEFAULT_FORKS) -> Report:
     pol = pol or policy_mod.load()
     if symptom:
         pol.symptom(symptom)
-    return evaluate_gathered(series, _collect(series, transports, pol, probes), symptom,
-                             access, pol, waivers)
+    return evaluate_gathered(series, _collect(series, transports, pol, probes, forks), symptom,
+                             access, pol, waivers, cohorts=cohorts)
 
 
 def evaluate_gathered(series: Series, gathered: list[Gathered], symptom: str | None = None,
                       access: Access | None = None, pol: policy_mod.Policy | None = None,
                       waivers: waivers_mod.WaiverFile | None = None,
-                      clock: waivers_mod.Clock | None = None) -> Report:
+                      clock: waivers_mod.Clock | None = None,
+                      cohorts: tuple[CohortSpec, ...] = ()) -> Report:
     """`evaluate` of hosts gathered apart (`patchset serve` gathers each on its own
     schedule): the same report as one audit of all of them."""
     runs = {g.facts.host: g.probes for g in gathered if g.probes is not None}
     return evaluate(series, [g.facts for g in gathered], symptom, access, pol, runs,
-                    waivers, clock)
+                    waivers, clock, cohorts)
 
 
 def exit_code(report: Report) -> int:

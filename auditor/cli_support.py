@@ -13,6 +13,7 @@ from patchset.errors import UsageError
 from patchset.model import Series
 
 from . import api
+from . import cohorts as cohorts_mod
 from . import policy as policy_mod
 from . import waivers as waivers_mod
 from .rank import Access
@@ -64,10 +65,11 @@ def load_waivers(option: Any, disabled: bool) -> waivers_mod.WaiverFile | None:
 def run(series: Series, transports: list[Any], symptom: str | None, inventory: Any,
         specs: list[str], probes: api.HostProbes | None = None,
         inventory_file: Any = None, series_file: Any = None, measured: tuple = (),
-        waivers: waivers_mod.WaiverFile | None = None):
+        waivers: waivers_mod.WaiverFile | None = None, forks: int = api.DEFAULT_FORKS):
     steps = access(inventory, specs, inventory_file, series_file)
     steps.measured = tuple(measured)          # --measured (auditor/measured.py load_all)
-    report = api.audit(series, transports, symptom, steps, probes=probes, waivers=waivers)
+    report = api.audit(series, transports, symptom, steps, probes=probes, waivers=waivers,
+                       cohorts=cohorts_mod.from_inventory(inventory, series), forks=forks)
     return report, to_dict(report), api.exit_code(report)
 
 

@@ -123,6 +123,12 @@ def report_families(data: dict, last_success: dict[str, float] | None = None,
     for host in data.get("hosts", []):
         _host(fam, host, by_host.get(host["host"], []), names, generated,
               last_success, deployed)
+    for c in data.get("cohorts") or []:
+        fam.gauge("server_cohort", "the server's cohort (inventory) and the hash of what it "
+                  "runs: patches and hashes, tree, gates, loaded patches (always 1; "
+                  "PatchsetCohortMismatch fires on two hashes in one cohort and role)",
+                  ("host", "server", "role", "cohort", "hash"),
+                  (c["host"], c["server"], c["role"], c["cohort"], c["hash"]), 1)
     return fam
 
 

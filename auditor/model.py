@@ -330,6 +330,19 @@ class HostReport:
     findings: list[Finding] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class CohortMember:
+    """Since report 1.7: one server of a cohort and the hash of what it runs (applied
+    patches and hashes, tree, gates in its process, loaded patches; auditor/cohorts.py),
+    `unknown` when one of those is; the exporter labels the server with both."""
+
+    host: str
+    server: str                      # unit or "pid N"; "-" when no server runs there
+    role: str
+    cohort: str
+    hash: str
+
+
 @dataclass
 class Report:
     schema_version: str
@@ -339,6 +352,7 @@ class Report:
     hosts: list[HostReport]
     symptom: SymptomReport | None = None
     waivers: WaiverReport | None = None     # the waivers file read (auditor/waivers.py)
+    cohorts: list[CohortMember] = field(default_factory=list)   # since 1.7
 
     @property
     def findings(self) -> list[Finding]:

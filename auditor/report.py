@@ -99,6 +99,7 @@ def to_dict(report: Report) -> dict:
         "findings": [dataclasses.asdict(f) for f in sorted_findings(report.findings)],
         "symptom": dataclasses.asdict(report.symptom) if report.symptom else None,
         "waivers": report.waivers.to_dict() if report.waivers else None,
+        "cohorts": [dataclasses.asdict(c) for c in report.cohorts],
     }
     return redact(json.loads(json.dumps(data, default=_json_default)))
 

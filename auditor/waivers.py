@@ -85,6 +85,7 @@ SUB_TAGS: dict[str, tuple[str, ...]] = {
     "secrets": ("cmdline", "server-info", "env-file", "config-file", "unit-file"),
     "resolved-args": (),                          # its flags: the policy's resolved_args
     "probe": ("recall", "needle", "drift"),      # auditor/api.py probe findings
+    "cohort-parity": ("tree",),                  # and a patch name each (not waivable yet)
 }
 
 

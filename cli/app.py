@@ -121,6 +121,8 @@ BudgetOpt = typer.Option(48, "--budget", min=0, max=2048,
                          "until the outcome is decided (0: the shipped conversations once)")
 
 
+ForksOpt = typer.Option(16, "--forks", min=1, max=256,
+                        help="hosts worked on at once (restarts stay host by host)")
 LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another patchset "
                          "run on the same target")
 HealthTimeoutOpt = SecondsOpt(None, "--health-timeout", help="seconds to wait for each "

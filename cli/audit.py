@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, JsonOpt, NoWaiversOpt,
+from .app import (AcceptNewOpt, ApiKeyEnvOpt, ForksOpt, InventoryOpt, JsonOpt, NoWaiversOpt,
                   ProbeTimeoutOpt, SeriesOpt, TargetOpt, WaiversOpt, app, emit_json, esc,
                   host_error, load, term, output_file, resolver_for, say, write_output)
 
@@ -41,7 +41,8 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                                                         "(repeatable)"),
           waivers: Optional[Path] = WaiversOpt, no_waivers: bool = NoWaiversOpt,
           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
-          accept_new: bool = AcceptNewOpt, series: Optional[Path] = SeriesOpt) -> None:
+          accept_new: bool = AcceptNewOpt, forks: int = ForksOpt,
+          series: Optional[Path] = SeriesOpt) -> None:
     """Gather live facts (one round trip per host), give every patch its effective state,
     run the checks (and with --probe the fidelity probes of `patchset probe`), apply the
     waivers, rank suspects for a symptom. Exit 0 clean (waived findings aside), 1 findings
@@ -60,7 +61,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         transports = [resolver.audit_transport(h) for h in hosts]
         report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
                                              plan, inventory_file=inventory, series_file=series,
-                                             measured=runs, waivers=waived)
+                                             measured=runs, waivers=waived, forks=forks)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:

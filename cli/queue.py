@@ -16,7 +16,7 @@ from ..errors import Exit
 if TYPE_CHECKING:
     from ..agent.records import UnitStatus
     from ..api import HostStatus
-from .app import (AcceptNewOpt, DeployView, ExcludeOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt,
+from .app import (AcceptNewOpt, DeployView, ExcludeOpt, ForksOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt,
                   LockWaitOpt, OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app,
                   emit_json, esc, finish, host_error, load, printable_block, result_line,
                   resolver_for, retry_bisect_refusals, say, selection, ship_base, summary,
@@ -220,7 +220,7 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           restart: bool = typer.Option(False, "--restart", help="then restart, host by host, "
                                        "the units whose role's patches or gates changed "
                                        "(redeploys them, waits for /health, rolls back)"),
-          health_timeout: Optional[float] = HealthTimeoutOpt,
+          health_timeout: Optional[float] = HealthTimeoutOpt, forks: int = ForksOpt,
           as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Make each host run exactly the selected patches, atomically."""
     from .. import api
@@ -230,7 +230,7 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     with resolver_for(s, inventory, target, accept_new) as resolver:
         transports = [resolver.transport(h) for h in hosts]
         results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
-                            base_provider=ship_base(s))
+                            base_provider=ship_base(s), forks=forks)
         results = retry_bisect_refusals(s, resolver, hosts, results, lambda i: api.apply(
             s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0])
         if restart and not dry_run:
@@ -269,14 +269,14 @@ def status(hosts: Optional[List[str]] = typer.Argument(None, help="[default: the
                                                        "default host, else localhost]"),
            target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,
            accept_new: bool = AcceptNewOpt, as_json: bool = JsonOpt,
-           series: Optional[Path] = SeriesOpt) -> None:
+           forks: int = ForksOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Base, applied patches, drift, state version, and the tree the server imports."""
     from .. import api
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:
         transports = [resolver.transport(h, provision_local=False)
                       for h in hosts or [resolver.default()]]
-        states = api.on_hosts(transports, lambda t: api.status_or_error(s, t))
+        states = api.on_hosts(transports, lambda t: api.status_or_error(s, t), forks)
     if as_json:
         emit_json([st.to_json() for st in states])
     else:

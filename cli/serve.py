@@ -44,6 +44,7 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     import threading
 
     from patchset.auditor import api, cli_support, exporter, policy
+    from patchset.auditor.cohorts import from_inventory as cohorts_from
     from patchset.auditor.report import to_dict
     from patchset.isolate.probe import audit_probes
     s = load(series)
@@ -57,6 +58,7 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         audit_probes(probe, probe_sizes, api_key_env, probe_timeout, resolver.inventory,
                      specs, resolver.endpoint)
         steps = cli_support.access(resolver.inventory, specs, inventory, series)
+        cohorts = cohorts_from(resolver.inventory, s)       # bad input: exit 2
     pol = policy.load()
     request = api.gather_request(s, pol)
 
@@ -67,7 +69,8 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
             return api.gather(resolver.audit_transport(host), request, plan)
 
     def evaluate(gathered: List[api.Gathered]) -> dict:
-        return to_dict(api.evaluate_gathered(s, gathered, None, steps, pol, waived))
+        return to_dict(api.evaluate_gathered(s, gathered, None, steps, pol, waived,
+                                             cohorts=cohorts))
 
     server = exporter.Exporter(specs, gather, evaluate, period, log=say)
     where = server.serve(address, port, client_timeout)

@@ -9,7 +9,7 @@ parent groups before their children, then the host's own):
 - `ansible_host`, `ansible_user`, `ansible_port`, `ansible_ssh_private_key_file`: how to
   reach it (address, user, port, identity_file);
 - patchset's own settings, in its namespace: a `patchset` mapping with the keys of a
-  hosts.yaml host (`tree`, `python`, `roles`, `serving`, `proxy_jump`), or flat
+  hosts.yaml host (`tree`, `python`, `roles`, `serving`, `proxy_jump`, `cohort`), or flat
   `patchset_tree`, `patchset_python`, ... (INI values that start with `{` are JSON).
 Only hosts with a patchset setting are taken: an inventory lists much else. The result
 is the document hosts.yaml would be, with the inventory's file and lines, and goes
@@ -31,7 +31,7 @@ from patchset.yamlsrc import Located
 CONNECTION = {"ansible_host": "address", "ansible_user": "user", "ansible_port": "port",
               "ansible_ssh_private_key_file": "identity_file"}
 NAMESPACE = "patchset"
-SETTINGS = ("tree", "python", "roles", "serving", "proxy_jump")
+SETTINGS = ("tree", "python", "roles", "serving", "proxy_jump", "cohort")
 
 
 def is_ansible(text: str, file: str) -> bool:

@@ -27,7 +27,9 @@ USER = validate.USER
 ABS_PATH = validate.ABS_PATH
 REMOTE_PATH = validate.REMOTE_PATH
 HOST_KEYS = {"address": False, "user": False, "port": False, "tree": False, "python": False,
-             "identity_file": False, "proxy_jump": False, "roles": False, "serving": False}
+             "identity_file": False, "proxy_jump": False, "roles": False, "serving": False,
+             "cohort": False}
+COHORT_KEYS = {"compatible": False}
 ROLE_NAMES = ("prefill", "decode", "router")
 SPEC = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[0-9]{1,5}))?")
 
@@ -46,10 +48,24 @@ class Host:
     proxy_jump: str | None = None
     roles: dict[str, Any] = field(default_factory=dict)
     serving: dict[str, Any] = field(default_factory=dict)   # unit settings for every role
+    cohort: str | None = None      # the servers that serve together (check cohort-parity)
 
     @property
     def local(self) -> bool:
         return self.address in ("localhost", "local") and self.name in ("localhost", "local")
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """Servers that serve together (a prefill/decode pair, the hosts of one model group):
+    the audit's cohort-parity check wants them to run the same patches. `compatible`
+    names patches whose mismatch inside this cohort is declared harmless; `line` is where
+    it is declared (an unknown patch name is reported there, once the series is known)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    compatible: tuple[str, ...] = ()
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,7 @@ class Inventory:
     path: str | None
     hosts: dict[str, Host]
     default: str | None
+    cohorts: dict[str, Cohort] = field(default_factory=dict)
 
     def resolve(self, spec: str) -> Host:
         """An inventory name, `user@host[:port]`, or `localhost`."""
@@ -101,14 +118,38 @@ def load(path: str | Path | None = None) -> Inventory:
         doc = ansible.load(text, str(file))        # then the very same checks
     else:
         doc = yamlsrc.load(text, str(file))
-    data = _mapping(doc, (), doc.data, {"version": False, "default": False, "hosts": True})
+    data = _mapping(doc, (), doc.data, {"version": False, "default": False, "hosts": True,
+                                        "cohorts": False})
     doc.version(1, 1, "unsupported inventory version (this patchset reads 1)")
     hosts_raw = _mapping(doc, ("hosts",), data["hosts"], None)
     hosts = {name: _host(doc, name, value) for name, value in hosts_raw.items()}
     default = data.get("default")
     if default is not None and default not in hosts and default != "localhost":
         raise doc.error(("default",), f"{default!r} is not a host in this inventory")
-    return Inventory(str(file), hosts, default)
+    return Inventory(str(file), hosts, default, _cohorts(doc, data.get("cohorts"), hosts))
+
+
+def _cohorts(doc: Located, value: Any, hosts: dict[str, Host]) -> dict[str, Cohort]:
+    """Each host's `cohort`, with the `cohorts:` declarations (`compatible: [patch]`); a
+    declared cohort no host names is a mistake (a typo would silently check nothing)."""
+    declared = _mapping(doc, ("cohorts",), value if value is not None else {}, None)
+    members: dict[str, list[str]] = {}
+    for host in hosts.values():
+        if host.cohort:
+            members.setdefault(host.cohort, []).append(host.name)
+    out: dict[str, Cohort] = {}
+    for name in sorted(set(members) | set(declared)):
+        where = ("cohorts", name)
+        if name in declared and name not in members:
+            raise doc.error(where, f"no host names cohort {name!r} (hosts.<name>.cohort)")
+        spec = _mapping(doc, where, declared.get(name) or {}, COHORT_KEYS)
+        compatible = spec.get("compatible") or []
+        if not isinstance(compatible, list) or not all(
+                isinstance(c, str) and validate.PATCH_NAME.ok(c) for c in compatible):
+            raise doc.error(where + ("compatible",), "must be a list of patch names")
+        out[name] = Cohort(name, tuple(members[name]), tuple(compatible),
+                           doc.line(where + ("compatible",)) if compatible else None)
+    return out
 
 
 def _mapping(doc: Located, where: tuple, value: Any, allowed: dict | None) -> dict:
@@ -156,6 +197,7 @@ def _host(doc: Located, name: Any, value: Any) -> Host:
                         validate.PROXY_JUMP, "a ProxyJump spec"),
         roles=_roles(doc, where + ("roles",), h.get("roles")),
         serving=_serving(doc, where + ("serving",), h.get("serving")),
+        cohort=_opt(doc, where + ("cohort",), h.get("cohort"), NAME, "a cohort name"),
     )
 
 

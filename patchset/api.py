@@ -105,26 +105,41 @@ def _run_on(transport: Transport, request: dict, files: dict[str, Path],
                       reverted=result.get("reverted", []), provisioned=result.get("provisioned"))
 
 
-def on_hosts(transports: list[Transport], work: Callable[[Transport], Any]) -> list[Any]:
-    """Run `work` on every host at once; results in the order of `transports`."""
-    if len(transports) <= 1:
+DEFAULT_FORKS = 16       # hosts worked on at once (`--forks`, as Ansible's)
+MAX_FORKS = 256
+
+
+def check_forks(forks: int) -> int:
+    """`--forks N`: a whole number of hosts at once, 1..MAX_FORKS (bad input otherwise)."""
+    if isinstance(forks, bool) or not isinstance(forks, int) or not 1 <= forks <= MAX_FORKS:
+        raise UsageError(f"--forks {forks!r}: a number of hosts at once, 1 to {MAX_FORKS}")
+    return forks
+
+
+def on_hosts(transports: list[Transport], work: Callable[[Transport], Any],
+             forks: int = DEFAULT_FORKS) -> list[Any]:
+    """Run `work` on at most `forks` hosts at once (a fleet of hundreds must not open
+    hundreds of SSH connections together); results in the order of `transports`."""
+    check_forks(forks)
+    if len(transports) <= 1 or forks == 1:
         return [work(t) for t in transports]
     from concurrent.futures import ThreadPoolExecutor    # only a fleet needs threads
-    with ThreadPoolExecutor(max_workers=min(16, len(transports))) as pool:
+    with ThreadPoolExecutor(max_workers=min(forks, len(transports))) as pool:
         return list(pool.map(work, transports))
 
 
 def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: bool = False,
           lock_wait: float = 0.0, base_provider: BaseProvider | None = None,
-          bisect: str | None = None) -> list[HostResult]:
-    """Make each host run exactly the planned selection (declarative, idempotent).
-    `bisect`: the id of the bisect this change is a step of (others are refused)."""
+          bisect: str | None = None, forks: int = DEFAULT_FORKS) -> list[HostResult]:
+    """Make each host run exactly the planned selection (declarative, idempotent), on at
+    most `forks` hosts at once. `bisect`: the id of the bisect this change is a step of
+    (others are refused)."""
     pin = series.upstream
     git_pin = {"url": pin.git.url, "ref": pin.git.ref} if pin.git else None
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
                                   lock_wait=lock_wait, base={"git": git_pin}, bisect=bisect)
     return on_hosts(transports, lambda t: _run_on(
-        t, dict(request, provision=t.provisions), files, base_provider))
+        t, dict(request, provision=t.provisions), files, base_provider), forks)
 
 
 def revert(series: Series, names: list[str], transport: Transport, with_dependents: bool = False,

@@ -30,7 +30,10 @@ LAYOUT_KEYS = {"git_prefix": True}
 PATCH_KEYS = {"name": True, "file": True, "summary": True, "tier": True, "path": True,
               "gate": False, "requires": False, "depends": False, "conflicts": False,
               "upstream_status": True, "evidence": False, "trace": False,
-              "trace_mode": False}
+              "trace_mode": False, "wire": False, "parity": False}
+# `parity` (auditor check cohort-parity): strict, servers of a cohort must agree on the
+# patch; any, a mismatch is declared compatible (a patch only one role needs).
+PARITY = ("strict", "any")
 TRACE_KEYS = {"module": True, "qualname": True, "file": False}
 TRACE_MODES = ("add", "replace")
 MAX_TRACE = 64
@@ -204,7 +207,16 @@ def _patch(doc: Located, where: tuple, entry: Any, root: Path, git_prefix: str) 
         trace=_trace(doc, where + ("trace",), e.get("trace")),
         trace_mode=_string(doc, where + ("trace_mode",), e.get("trace_mode", "add"),
                            choices=TRACE_MODES),
+        wire=_flag(doc, where + ("wire",), e.get("wire", False)),
+        parity=_string(doc, where + ("parity",), e.get("parity", "strict"), choices=PARITY),
     )
+
+
+def _flag(doc: Located, where: tuple, value: Any) -> bool:
+    """A yes/no field (`wire`): only a YAML boolean, so `"false"` is not read as true."""
+    if not isinstance(value, bool):
+        raise doc.error(where, f"{value!r} is not true or false")
+    return value
 
 
 def _trace(doc: Located, where: tuple, value: Any) -> tuple[TraceSpec, ...]:

@@ -114,6 +114,9 @@ class Patch:
     line: int = 0             # line of the entry in patches.yaml
     trace: tuple[TraceSpec, ...] = ()   # manifest `trace:` targets
     trace_mode: str = "add"             # add (to the derived ones) | replace
+    wire: bool = False        # it changes a wire between roles (prefill/decode): a cohort
+                              # mismatch of it is high severity (check cohort-parity)
+    parity: str = "strict"    # strict | any: a cohort mismatch of it is declared compatible
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def srv(desc, unit):
 
 def test_checks_are_described() -> None:
     checks = describe()
-    assert len({c["id"] for c in checks}) == len(checks) == 14
+    assert len({c["id"] for c in checks}) == len(checks) == 15
     assert all(c["description"] and c["severity"] in ("high", "medium", "low") for c in checks)
 
 

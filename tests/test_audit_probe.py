@@ -173,7 +173,7 @@ def echo_key() -> Iterator[str]:
 def test_clean_server_probes_pass_as_records_and_findings(series, stand_ins, capsys) -> None:
     url = stand_ins["clean"]
     data = audited(series, clean_seed(), plan(url, "all", "1k,2k"))
-    assert data["schema_version"] == "1.6"
+    assert data["schema_version"] == "1.7"
     records = data["hosts"][0]["probes"]
     assert [(r["name"], r["probe"], r["size_tokens"], r["ok"], r["url"]) for r in records] == [
         ("recall", "recall", None, True, url), ("needle@1k", "needle", 1024, True, url),

@@ -53,7 +53,7 @@ def seed_report(series):
 def test_json_report_matches_its_schema(seed_report) -> None:
     data = report.to_dict(seed_report)
     assert report.validate(data) == []
-    assert data["schema"] == "patchset-audit-report" and data["schema_version"] == "1.6"
+    assert data["schema"] == "patchset-audit-report" and data["schema_version"] == "1.7"
     # + resolved-args: 10 passes, 2 notes (attention_backend unset -> dsv4, severity info)
     assert data["summary"]["checks"] == {"pass": 40, "fail": 2, "warn": 3, "unknown": 0}
     assert data["summary"]["exit_code"] == 1

@@ -43,10 +43,11 @@ def series(tmp_path_factory: pytest.TempPathFactory):
 
 
 def seed_data(series, host: str = "gpu1", desc: dict | None = None,
-              probes: list[ProbeResult] | None = None) -> dict:
+              probes: list[ProbeResult] | None = None, cohorts: tuple = ()) -> dict:
     facts = synth.facts(desc or synth.load("seed.yaml"), series, host=host)
     return report.to_dict(api.evaluate(series, [facts],
-                                       probes={host: probes} if probes else None))
+                                       probes={host: probes} if probes else None,
+                                       cohorts=cohorts))
 
 
 def samples(text: str) -> dict[str, list[tuple[dict, float]]]:
@@ -169,7 +170,8 @@ def test_label_values_are_ids_only(series) -> None:
 
 
 def test_promtool_accepts_the_exposition(series) -> None:
-    data = seed_data(series, probes=probe_results())
+    from patchset.auditor.cohorts import CohortSpec
+    data = seed_data(series, probes=probe_results(), cohorts=(CohortSpec("seed", ("gpu1",)),))
     ex = exporter.Exporter(["gpu1"], lambda h: api.Gathered(HostFacts(h)), lambda g: data,
                            interval=60)
     ex.audit_once("gpu1")
@@ -429,7 +431,7 @@ def test_a_listen_port_is_ascii_digits(bad: str) -> None:
 
 def test_alert_rules_pass_promtool_check_and_their_unit_tests() -> None:
     proc = promtool("check", "rules", str(RULES))
-    assert proc.returncode == 0 and "SUCCESS: 6 rules found" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "SUCCESS: 7 rules found" in proc.stdout, proc.stderr
     proc = promtool("test", "rules", RULES_TEST.name, cwd=MONITORING)
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
     tested = {t["alertname"] for case in yaml.safe_load(RULES_TEST.read_text())["tests"]
@@ -444,7 +446,8 @@ def dashboard_exprs() -> list[str]:
 
 
 def exported_names(series) -> set[str]:
-    data = seed_data(series, probes=probe_results())
+    from patchset.auditor.cohorts import CohortSpec
+    data = seed_data(series, probes=probe_results(), cohorts=(CohortSpec("seed", ("gpu1",)),))
     ex = exporter.Exporter(["gpu1"], lambda h: api.Gathered(HostFacts(h)), lambda g: data,
                            interval=60)
     ex.audit_once("gpu1")

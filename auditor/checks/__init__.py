@@ -6,6 +6,7 @@ from types import ModuleType
 
 from . import (
     checkpoint_dtypes,
+    cohort_parity,
     foreign_commits,
     gate_env,
     gpu_arch,
@@ -25,7 +26,7 @@ from .base import AuditContext
 CHECKS: tuple[ModuleType, ...] = (
     server_health, tree_drift, foreign_commits, pinned_base, imported_tree, stale_process,
     trace, gate_env, gpu_arch, pd_consistency, resolved_args, checkpoint_dtypes, hazards,
-    secrets,
+    secrets, cohort_parity,
 )
 
 

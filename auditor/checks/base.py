@@ -14,6 +14,7 @@ from typing import Any
 from patchset.model import Series
 
 from patchset.agent.facts.base import FactValue
+from ..cohorts import CohortSpec
 from ..facttable import Context
 from ..model import Evidence, Finding, HostReport, PatchState, Server
 from ..policy import Policy
@@ -25,6 +26,7 @@ class AuditContext:
     series: Series
     policy: Policy
     hosts: list[HostReport]
+    cohorts: tuple[CohortSpec, ...] = ()     # from the inventory (check cohort-parity)
 
     def states(self, host: HostReport, server: Server | None) -> dict[str, PatchState]:
         sid = server.id if server else None

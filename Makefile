@@ -2,6 +2,10 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Test files run on this many pytest-xdist workers, each file whole on one worker
+# (--dist loadfile: module-scoped host fixtures are booted once per file);
+# docs/explanation/repository.md says what runs in parallel and why that is safe.
+TEST_WORKERS ?= 3
 
 .PHONY: run test venv bench lock drift
 
@@ -30,7 +34,7 @@ test: venv
 	.ci/install-host-deps
 	rm -rf build
 	$(BIN)/pip install -q --no-deps --force-reinstall .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 	.ci/drift-check
 
 # The CLI smoke tests at the newest allowed versions (no lock) and at the lower bounds.

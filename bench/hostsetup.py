@@ -7,9 +7,10 @@ never imports a test module.
 from __future__ import annotations
 
 import json
-import socket
 import struct
 from typing import Any
+
+from tests.hosts.ports import reserve_port
 
 TREE, VENV = "/opt/sglang", "/opt/venv"
 MODEL = "/models/DeepSeek-V4-Flash-NVFP4"
@@ -56,19 +57,8 @@ def checkpoint(host: Any) -> None:
 
 
 def free_ports(n: int) -> list[int]:
-    """Loopback ports free on the machine (the hosts share its network namespace), away
-    from SGLang's default 30000-30099."""
-    out: list[int] = []
-    socks = []
-    try:
-        while len(out) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = s.getsockname()[1]
-            if not 30000 <= port < 30100:
-                out.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return out
+    """Loopback ports free on the machine (the hosts share its network namespace) and
+    reserved machine-wide for this process (tests.hosts.ports: parallel test workers never
+    get the same one), in 30100-30999: above SGLang's default 30000-30099 and below the
+    kernel's ephemeral range, so no outgoing connection squats one before its server binds."""
+    return [reserve_port(30100, 31000) for _ in range(n)]

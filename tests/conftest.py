@@ -39,7 +39,10 @@ def _test_cache() -> Path:
     return ROOT / ".cache" / "test-upstream"
 
 
-REAL_HOME = Path(os.path.expanduser("~")).resolve()
+# pytest-xdist workers inherit the controller's environment, whose HOME already points
+# into the controller's session directory: the real home travels in its own variable.
+os.environ.setdefault("PATCHSET_TEST_REAL_HOME", os.path.expanduser("~"))
+REAL_HOME = Path(os.environ["PATCHSET_TEST_REAL_HOME"]).resolve()
 PROTECTED = tuple(str(REAL_HOME / p) for p in (".cache/patchset", ".local/share/patchset",
                                                 ".ssh"))
 SESSION_HOME = Path(tempfile.mkdtemp(prefix="patchset-test-home-"))
@@ -70,12 +73,42 @@ def _audit(event: str, args: tuple) -> None:
 sys.addaudithook(_audit)
 
 
+WORKERS_TOUCHED: list[str] = []   # what xdist workers reported (controller only)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run on any access to the real home; an xdist worker hands its list to the
+    controller (workeroutput), which fails the whole run (a worker's status is not)."""
     real = [t for t in TOUCHED if not t.endswith(".patchset-isolation-probe")]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["patchset_touched"] = real
+        return
+    real += WORKERS_TOUCHED
     if real:
         print("\nTESTS TOUCHED THE USER'S REAL FILES:\n  " + "\n  ".join(real[:20]),
               file=sys.stderr)
         session.exitstatus = 1
+
+
+def pytest_testnodedown(node, error) -> None:
+    """xdist hook (controller): collect what a finished worker saw of the real home."""
+    WORKERS_TOUCHED.extend(getattr(node, "workeroutput", {}).get("patchset_touched", []))
+
+
+HOST_FIXTURES = frozenset({"one_host", "fleet", "fresh_host", "fresh_fleet", "host_factory"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files that boot nspawn hosts run first, the most host tests first: they are the
+    longest files, and under --dist loadfile a long file dealt out last keeps one worker
+    busy while the others idle. A stable sort, so each file's tests stay together and in
+    their written order."""
+    host_tests: dict[Path, int] = {}
+    for item in items:
+        uses_hosts = bool(HOST_FIXTURES & set(getattr(item, "fixturenames", ())))
+        host_tests[item.path] = host_tests.get(item.path, 0) + uses_hosts
+    items.sort(key=lambda item: -host_tests[item.path])
 
 pytest_plugins = ["tests.hosts.fixtures"]   # real nspawn test hosts
 

@@ -3,7 +3,8 @@
 `World.refuse(argv, message)` runs one CLI command and asserts what every bad input must
 give: exit 2, exactly one stderr line `patchset: error: <message...>`, nothing on stdout,
 no traceback, and every byte of the series, the tree with its .patchset/ state and lock,
-the cache and the home exactly as before.
+the cache and the home exactly as before. Each world has its own cache (private_cache), so
+tests running in parallel cannot change it under a refusal.
 """
 
 from __future__ import annotations
@@ -104,11 +105,29 @@ def make_world(series_template: Path, root: Path, capsys, monkeypatch) -> World:
     if not series.exists():
         shutil.copytree(series_template, series, ignore=shutil.ignore_patterns("authoring"))
     home = root / "home"
+    cache = root / "cache"
+    if not cache.exists():
+        private_cache(Path(os.environ["PATCHSET_CACHE"]), cache)
     monkeypatch.setenv("PATCHSET_HOME", str(home))
+    monkeypatch.setenv("PATCHSET_CACHE", str(cache))
     monkeypatch.chdir(series)
-    world = World(series=series, home=home, cache=Path(os.environ["PATCHSET_CACHE"]),
-                  capsys=capsys)
+    world = World(series=series, home=home, cache=cache, capsys=capsys)
     if not (home / "targets").exists():
         code, _, err = world.run("apply", "--tier", "safe", "localhost")
         assert code == 0, err
     return world
+
+
+def private_cache(shared: Path, dest: Path) -> None:
+    """A copy of the shared test cache that only this world uses. Why: `refuse` asserts
+    that not one byte of the cache changed, and other tests (another xdist worker, another
+    run on the machine) write guards and temporary builds into the shared cache at any
+    moment (the rare "changed files" failure of commit c3cb4ef). Content-addressed files
+    (git objects, wheels, bundles: never rewritten in place) are hard links, so the copy is
+    cheap; everything else is copied; leftovers in tmp/ are not taken."""
+    def place(src: str, dst: str) -> None:
+        immutable = "/objects/" in src or src.endswith((".whl", ".bundle", ".pack", ".idx"))
+        (os.link if immutable else shutil.copy2)(src, dst)
+
+    shutil.copytree(shared, dest, copy_function=place, symlinks=True,
+                    ignore=lambda d, names: names if Path(d) == shared / "tmp" else [])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +12,7 @@ from pathlib import Path
 from bench.hostsetup import free_ports  # noqa: F401 - the tests' name for it
 from patchset.cli import main
 from tests.hosts.nspawn import TestHost, run_ssh
+from tests.hosts.ports import reserve_port
 
 TREE = "/opt/sglang"   # the managed tree on test hosts
 
@@ -72,24 +71,10 @@ def clean_tree(host: TestHost) -> None:
     on_host(host, f"rm -rf {TREE} /opt/.sglang.provisioning-*")
 
 
-_handed_out: set[int] = set()
-
-
 def free_port() -> int:
     """A loopback port in 31000-31999, free now (and the next one too: a prefill stand-in
-    also binds port + 1), never handed out twice in this test session."""
-    for _ in range(500):
-        port = random.randint(31000, 31998)
-        if {port, port + 1} & _handed_out:
-            continue
-        with contextlib.closing(socket.socket()) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.update((port, port + 1))
-        return port
-    raise RuntimeError("no free port in 31000-31999")
+    also binds port + 1), reserved machine-wide for this process (tests.hosts.ports)."""
+    return reserve_port(31000, 32000, span=2)
 
 
 def http_status(url: str, token: str | None = None, timeout: float = 10) -> int:

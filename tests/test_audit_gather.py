@@ -4,12 +4,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import struct
 import subprocess
 import time
@@ -22,21 +19,14 @@ import pytest
 from patchset.auditor import api, hostfacts, report
 from patchset.agent import gather
 from patchset.transport import AGENT_NAME, agent_files, bundle
+from tests.hosts.ports import reserve_port
 from tests.standin.install import install_standin_local
 
 SECRET, TOKEN = "sk-gather-0123456789abcdef", "hf_GatherTokenABCDEFGHIJ"
 
 
 def free_port() -> int:
-    for _ in range(200):
-        port = random.randint(32000, 32999)
-        with contextlib.closing(socket.socket()) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
+    return reserve_port(32000, 33000)
 
 
 def shard(path: Path, tensors: dict) -> int:

@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, ClassVar, Iterable, Iterator, NoReturn, Sequence
 
+from tests.hosts.ports import reserve_port
+
 # --------------------------------------------------------------------------
 # Base rootfs recipe.  Any change here changes RECIPE_DIGEST -> rebuild.
 # Bump RECIPE_VERSION (and the default dir name) for incompatible changes.
@@ -365,32 +367,21 @@ def write_known_hosts(hosts: Iterable[TestHost], path: Path) -> Path:
     return path
 
 
-_PORTS_HANDED_OUT: set[int] = set()
-
-
 def _free_port() -> int:
-    """A free loopback TCP port for one host's sshd, never handed out twice.
+    """A free loopback TCP port for one host's sshd, reserved machine-wide (tests.hosts.ports).
 
     Hosts share the machine's netns, so this is a machine-wide resource.
     Chosen at random *below* the kernel's ephemeral range, so an outgoing
     connection's source port can never squat it between now and boot, and
-    away from 30000-30099 (SGLang's default ports, used by fake servers).
+    away from 30000-30999 (SGLang's default ports, used by fake servers, and
+    the stand-ins' ports).
     """
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     lo, hi = (20000, min(low, 30000)) if low > 21000 else (low // 2, low)
-    rng = secrets.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(lo, hi)
-        if port in _PORTS_HANDED_OUT:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _PORTS_HANDED_OUT.add(port)
-        return port
-    raise HostError(f"no free loopback port in {lo}-{hi}")
+    try:
+        return reserve_port(lo, hi)
+    except RuntimeError as exc:
+        raise HostError(str(exc)) from None
 
 
 def _port_open(port: int) -> bool:

@@ -28,6 +28,9 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
             gate_off: Optional[List[str]] = typer.Option(None, "--gate-off", help="the "
                                                          "change: run these applied patches "
                                                          "with their gate unset"),
+            cohort: Optional[str] = typer.Option(None, "--cohort", help="the change goes "
+                                                 "through this cohort's hosts (hosts.yaml "
+                                                 "`cohort:`) instead of HOSTS"),
             canary: Optional[str] = typer.Option(None, "--canary", help="HOST or HOST:ROLE "
                                                  "changed first [default: the first host]"),
             batch: int = typer.Option(1, "--batch", min=1, help="hosts a step after the "
@@ -88,7 +91,7 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
                 run = ro.resume(fleet_for, log_path, say)
             else:
                 change = _change(s, tier, path, only, exclude, revert, gate_off)
-                names = list(hosts or resolver.inventory.hosts)
+                names = _hosts(resolver.inventory, hosts, cohort)
                 hosts_of = {n: resolver.inventory.resolve(n) for n in names}
                 steps = ro.make_plan(names, canary, batch,
                                      lambda n: [r for r in ("prefill", "decode")
@@ -102,6 +105,20 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
         _render(run, ro)
     if run.exit_code:
         raise typer.Exit(run.exit_code)
+
+
+def _hosts(inventory, hosts: Optional[List[str]], cohort: Optional[str]) -> list[str]:
+    """The hosts in order: those named, a cohort's, or every host of the inventory."""
+    if cohort is None:
+        return list(hosts or inventory.hosts)
+    if hosts:
+        raise UsageError("--cohort: give the cohort or HOSTS, not both")
+    if cohort not in inventory.cohorts:
+        known = ", ".join(sorted(inventory.cohorts)) or "none"
+        where = inventory.path or "the inventory"
+        raise UsageError(f"--cohort {cohort!r}: no host of {where} names it "
+                         f"(cohorts: {known})")
+    return list(inventory.cohorts[cohort].hosts)
 
 
 def _watched(fleet, view):

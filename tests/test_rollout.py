@@ -271,6 +271,8 @@ HOSTS = """version: 1
 hosts:
   gpu1: {address: 192.0.2.1, tree: /opt/sglang, roles: {prefill: {port: 30000}, decode: {port: 30001}}}
   gpu2: {address: 192.0.2.2, tree: /opt/sglang, roles: {decode: {port: 30001}}}
+  gpu3: {address: 192.0.2.3, tree: /opt/sglang, cohort: pair, roles: {decode: {port: 30001}}}
+  gpu4: {address: 192.0.2.4, tree: /opt/sglang, cohort: pair, roles: {decode: {port: 30001}}}
 """
 
 
@@ -303,8 +305,15 @@ def test_the_command_dry_run_prints_the_plan(tmp_path, monkeypatch, capsys) -> N
     assert data["dry_run"] is True and data["change"]["revert"] == ["mhc-bf16"]
     assert [(s["kind"], s["hosts"], s["roles"]) for s in data["steps"]] == [
         ("canary", ["gpu1"], {"gpu1": ["prefill"]}), ("batch", ["gpu1"], {}),
-        ("batch", ["gpu2"], {})]
+        ("batch", ["gpu2"], {}), ("batch", ["gpu3"], {}), ("batch", ["gpu4"], {})]
     assert not (tmp_path / "state").exists()
+
+
+def test_a_cohort_is_rolled_through_its_own_hosts(tmp_path, monkeypatch, capsys) -> None:
+    code, out, err = run_cli(tmp_path, monkeypatch, capsys, "--revert", "mhc-bf16",
+                             "--cohort", "pair", "--dry-run", "--json")
+    assert code == 0, err
+    assert [s["hosts"] for s in json.loads(out)["steps"]] == [["gpu3"], ["gpu4"]]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -314,6 +323,8 @@ def test_the_command_dry_run_prints_the_plan(tmp_path, monkeypatch, capsys) -> N
     (("--revert", "mhc-bf16", "--canary", "gpu2:prefill"), "gpu2 has no 'prefill' role"),
     (("--revert", "mhc-bf16", "--on-unknown", "maybe"), "--on-unknown 'maybe'"),
     (("--resume",), "--resume goes on changing hosts; --dry-run is for a new"),
+    (("--revert", "mhc-bf16", "--cohort", "nope"), "--cohort 'nope': no host of"),
+    (("gpu1", "--revert", "mhc-bf16", "--cohort", "pair"), "give the cohort or HOSTS"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv,
                                           message) -> None:

@@ -35,7 +35,8 @@ from patchset.agent import engine, safewrite
 from patchset.agent.bounded import InputError, expect
 from patchset.agent.records import StatusRecord
 from patchset.transport import Transport
-from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
+from patchset.errors import (BisectPending, Exit, PatchsetError, TargetError, Unreachable,
+                             UsageError)
 from patchset.model import Series
 from patchset.selection import Plan, Selection
 
@@ -171,10 +172,6 @@ class BisectProbe:
         return verdict, [asdict(r) for r in report.results]
 
 
-class Unreachable(Exception):
-    """The probe got no answer from the endpoint (not a verdict about the server)."""
-
-
 @dataclass
 class DriftProbe:
     """`--probe drift`: each state measured in numbers (isolate/drift.py), the suspects
@@ -208,11 +205,8 @@ class DriftProbe:
 
     @staticmethod
     def _guard(run: Callable[[], Any]) -> Any:
-        from .httpjson import Unreachable as NoAnswer
         try:
             return run()
-        except NoAnswer as exc:
-            raise Unreachable(str(exc)) from None
         except drift.DriftError as exc:
             raise TargetError(f"drift probe: {exc}") from None
 
@@ -270,7 +264,7 @@ def _restoring(t: BisectHost, report: BisectReport, say: Say, steps: Callable[[]
         report.interrupted = True
         report.verdict = interrupted
         say("interrupted: restoring the starting state (Ctrl-C is ignored until it is done)")
-    except (PatchsetError, Unreachable) as exc:
+    except PatchsetError as exc:                   # Unreachable too
         report.error = str(exc)
         report.verdict = f"stopped at step {len(report.steps) - 1}: {exc}"
     finally:

@@ -9,15 +9,11 @@ import json
 from typing import Any
 
 from patchset.agent.bounded import InputError, loads
-from patchset.errors import HostUnreachable, PatchsetError
+from patchset.errors import PatchsetError, Unreachable
 
 from .drift import DriftError
 
 ERROR_CHARS = 300
-
-
-class Unreachable(DriftError):
-    """No answer at all: the probe cannot say anything about the server."""
 
 
 class EndpointClient:
@@ -48,8 +44,8 @@ class EndpointClient:
         where = f"{self.describe()} {path}"
         try:
             reply = self.endpoint.request(method, path, data, headers, timeout=timeout)
-        except HostUnreachable as exc:
-            raise Unreachable(str(exc)) from None
+        except Unreachable:
+            raise                         # no answer: nothing to say about the server
         except PatchsetError as exc:
             raise DriftError(f"{where}: {exc}") from None
         if reply.status != 200:
@@ -66,14 +62,3 @@ class EndpointClient:
 def redact(text: str, key: str | None) -> str:
     return text.replace(key, "***") if key else text
 
-
-def client_for(host: str | None, url: str | None, inventory: str | None,
-               api_key_env: str | None, resolver: Any = None) -> EndpointClient:
-    """The server a drift probe talks to: `--url` directly, else the inventory host's
-    router, else its decode role, through the host's SSH connection (`resolver`'s, when
-    the command holds one, so there is one connection and one host-key check)."""
-    from .probe import api_key, open_endpoint
-    key = api_key(api_key_env)
-    if resolver is not None and not url:
-        return EndpointClient(resolver.endpoint(host), key)
-    return EndpointClient(open_endpoint(url, host, inventory), key)

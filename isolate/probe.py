@@ -41,9 +41,11 @@ from typing import Any, Callable
 from patchset.auditor.model import ProbeResult, size_label
 from patchset.connect.tunnel import DirectEndpoint, EndpointError, HttpEndpoint, endpoint_for, role_target
 from patchset.agent.bounded import InputError
-from patchset.errors import HostUnreachable, PatchsetError, UsageError
+from patchset.errors import Unreachable, PatchsetError, UsageError
 
 from .answers import ChatAnswer, chat_answer
+from .drift import DriftSpec, probe_drift
+from .httpjson import EndpointClient
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
           "deployment notes and checks the queue once more. ")
@@ -67,7 +69,7 @@ class HttpStatus(Exception):
 def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str | None,
          timeout: float = 600, **extra: Any) -> ChatAnswer:
     """One chat completion through `endpoint` (connect/tunnel.py), validated whole
-    (isolate/answers.py); an HTTP error status is HttpStatus, no answer HostUnreachable,
+    (isolate/answers.py); an HTTP error status is HttpStatus, no answer Unreachable,
     a body that is not a chat completion an InputError (a ValueError)."""
     body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
                        "temperature": 0, **extra}).encode()
@@ -346,7 +348,7 @@ def _guarded(probe, endpoint: HttpEndpoint, key: str | None, timeout: float,
         return probe(endpoint, key, timeout, *args)
     except HttpStatus as exc:
         error, unreachable = f"HTTP {exc.status}: {exc.text()}", False
-    except HostUnreachable as exc:
+    except Unreachable as exc:
         error, unreachable = f"cannot reach {where}: {_reason(exc, where)}", True
     except EndpointError as exc:                 # an answer, but not bounded HTTP
         error, unreachable = str(exc), False
@@ -529,8 +531,6 @@ class DriftAuditProbes(_PerHost):
     by_role: frozenset[str] = frozenset()
 
     def run(self, host: str, endpoint: HttpEndpoint) -> list[ProbeResult]:
-        from .drift import probe_drift
-        from .httpjson import EndpointClient
         url, started = endpoint.describe(), time.monotonic()
         try:
             outcome = probe_drift(EndpointClient(endpoint, api_key(self.key_env)), self.spec)
@@ -579,7 +579,6 @@ def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeo
     names = {host.name: name for name, host in hosts.items()}   # local -> localhost
     by_role = frozenset(host.name for host in hosts.values() if role_target(host))
     if kind == "drift":
-        from .drift import DriftSpec
         return DriftAuditProbes(DriftSpec(sizes=parse_sizes(sizes, "--probe-sizes"),
                                           timeout=timeout), connect, key_env, names, by_role)
     spec = FidelitySpec(kinds=parse_kinds(kind, "--probe"),
@@ -622,6 +621,18 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"probe": args.probe, "ok": False,
                       "error": _clip(_redact(error, key), ERROR_CHARS)}))
     return failed
+
+
+
+def client_for(host: str | None, url: str | None, inventory: str | None,
+               api_key_env: str | None, resolver: Any = None) -> EndpointClient:
+    """The server a drift probe talks to: `--url` directly, else the inventory host's
+    router, else its decode role, through the host's SSH connection (`resolver`'s, when
+    the command holds one, so there is one connection and one host-key check)."""
+    key = api_key(api_key_env)
+    if resolver is not None and not url:
+        return EndpointClient(resolver.endpoint(host), key)
+    return EndpointClient(open_endpoint(url, host, inventory), key)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from typing import IO
 
 from . import pinrules
 from .agent import bounded, gitenv
-from .errors import HostUnreachable, UpstreamError, UsageError
+from .errors import Unreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
 
@@ -358,7 +358,7 @@ def _learn_wheel(
     tmp_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="learn.", dir=tmp_root) as tmp:
         with progress.task(f"download {want.requirement} (pip)", None):
-            done = _run_pip(want, Path(tmp), "and retry", HostUnreachable)
+            done = _run_pip(want, Path(tmp), "and retry", Unreachable)
         if done.returncode:
             _raise_for_pip(pin, version, want, done.stderr)
         got = _one_wheel(Path(tmp), pin.name, version)
@@ -385,7 +385,7 @@ def _raise_for_pip(pin: UpstreamPin, version: str, want: PypiPin, stderr: bytes)
     unreachable = _PIP_UNREACHABLE.search(text)
     if unreachable or "(from versions: none)" in text:
         seen = unreachable.group(0) if unreachable else f"no {pin.name} release listed at all"
-        raise HostUnreachable(
+        raise Unreachable(
             f"cannot reach the package index for {want.requirement} ({seen}); check the"
             " network and the index (pip config list)"
         )

@@ -30,8 +30,9 @@ class DiffError(ValueError):
 class Hunk:
     """One `@@ -a,b +c,d @@` hunk: its header's numbers and its lines as (sign, text),
     sign one of " ", "-", "+" or "\\" (a `\\ No newline at end of file` marker, whose
-    text is the rest of the marker line). An empty line in a diff is git's empty
-    context line: (" ", "")."""
+    text is the rest of the marker line). An empty line in a diff, which git reads as an
+    empty context line, is ("", ""): a caller that takes only what git writes (the exact
+    applier) can tell it from " "."""
 
     old_start: int
     old_count: int
@@ -141,10 +142,10 @@ def _hunk(lines: list[str], at: int) -> tuple[Hunk, int]:
     while old_left > 0 or new_left > 0:
         if at >= len(lines):
             raise DiffError(at, f"the hunk {header[:40]!r} ends before the lines it counts")
-        sign, text = (lines[at][:1] or " "), lines[at][1:]
+        sign, text = lines[at][:1], lines[at][1:]
         if sign == "\\":
             body.append((sign, text))
-        elif sign in (" ", "-", "+"):
+        elif sign in (" ", "", "-", "+"):
             old_left -= sign != "+"
             new_left -= sign != "-"
             if old_left < 0 or new_left < 0:

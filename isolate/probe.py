@@ -45,7 +45,7 @@ from patchset.errors import Unreachable, PatchsetError, UsageError
 
 from .answers import ChatAnswer, chat_answer
 from .drift import DriftSpec, probe_drift
-from .httpjson import EndpointClient
+from .httpjson import EndpointClient, HttpStatus, clip, request, shown
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
           "deployment notes and checks the queue once more. ")
@@ -54,32 +54,14 @@ FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads 
 CHAT_PATH = "/v1/chat/completions"
 
 
-class HttpStatus(Exception):
-    """The server answered a chat completion with an HTTP error status."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status, self.body = status, body
-
-    def text(self) -> str:
-        """Enough of the body to redact a key in it whole before it is clipped for show."""
-        return self.body[:4096].decode("utf-8", "replace").replace("\n", " ")
-
-
 def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str | None,
          timeout: float = 600, **extra: Any) -> ChatAnswer:
     """One chat completion through `endpoint` (connect/tunnel.py), validated whole
     (isolate/answers.py); an HTTP error status is HttpStatus, no answer Unreachable,
     a body that is not a chat completion an InputError (a ValueError)."""
-    body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
-                       "temperature": 0, **extra}).encode()
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    reply = endpoint.request("POST", CHAT_PATH, body, headers, timeout=timeout)
-    if not 200 <= reply.status < 300:
-        raise HttpStatus(reply.status, reply.body)
-    return chat_answer(reply.body, CHAT_PATH)
+    body = {"model": "default", "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, **extra}
+    return chat_answer(request(endpoint, "POST", CHAT_PATH, body, key, timeout), CHAT_PATH)
 
 
 def direct(target: HttpEndpoint | str) -> HttpEndpoint:
@@ -355,7 +337,7 @@ def _guarded(probe, endpoint: HttpEndpoint, key: str | None, timeout: float,
     except InputError as exc:                    # isolate/answers.py: names the field
         error, unreachable = f"not an OpenAI chat completion: {exc}", False
     name = _probe_name(probe, args)
-    error = _clip(_redact(error, key), ERROR_CHARS)
+    error = shown(error, key, ERROR_CHARS)
     return ProbeResult(probe=name.split("@")[0], name=name, ok=False, reason=error,
                        expected="", error=error, unreachable=unreachable,
                        size_tokens=args[0] if args else None, url=where)
@@ -370,15 +352,6 @@ def _reason(exc: Exception, where: str) -> str:
 def _probe_name(probe: Any, args: tuple) -> str:
     name = probe.__name__.replace("needle_at", "needle")
     return name + (f"@{size_label(args[0])}" if args else "")
-
-
-def _redact(text: str, key: str | None) -> str:
-    return text.replace(key, "<redacted>") if key else text
-
-
-def _clip(text: str, limit: int) -> str:
-    """Clip after redacting (a key cut in half by the clip would no longer match)."""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def recall(endpoint: HttpEndpoint, key: str | None, timeout: float = 600.0) -> ProbeResult:
@@ -444,7 +417,7 @@ def _ask(probe: str, name: str, endpoint: HttpEndpoint, key: str | None, timeout
     seen = reply.prompt_tokens
     ok, reason = _verdict(token, answer, reasoning, sent, seen, reply.finish_reason)
     return ProbeResult(probe=probe, name=name, ok=ok is True, reason=reason, expected=token,
-                       answer=_clip(_redact(answer, key), ANSWER_CHARS), size_tokens=size,
+                       answer=shown(answer, key, ANSWER_CHARS), size_tokens=size,
                        words_sent=sent, prompt_tokens=seen, latency_ms=latency,
                        turns=sum(m["role"] == "user" for m in messages), tools=tools,
                        url=endpoint.describe(), inconclusive=ok is None)
@@ -557,7 +530,7 @@ class DriftAuditProbes(_PerHost):
                 unreachable: bool = False, drift: dict | None = None) -> ProbeResult:
         return ProbeResult(probe="drift", name="drift", ok=ok, reason=reason,
                            expected="prefill vs decode bounded below the tolerance",
-                           answer=_clip(reason, ANSWER_CHARS), error=error,
+                           answer=clip(reason, ANSWER_CHARS), error=error,
                            unreachable=unreachable, url=url, drift=drift,
                            latency_ms=round((time.monotonic() - started) * 1000, 1))
 
@@ -619,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
             return Exit.INCONCLUSIVE           # nothing to judge by: never a pass
         return Exit.OK if result["ok"] else Exit.FINDINGS
     print(json.dumps({"probe": args.probe, "ok": False,
-                      "error": _clip(_redact(error, key), ERROR_CHARS)}))
+                      "error": shown(error, key, ERROR_CHARS)}))
     return failed
 
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from patchset import __version__
 from patchset.api import DEFAULT_FORKS, on_hosts
-from patchset.errors import Exit, HostUnreachable, PatchsetError, TargetError
+from patchset.errors import Exit, PatchsetError, TargetError, Unreachable
 from patchset.transport import Transport
 from patchset.model import Series
 
@@ -93,7 +93,7 @@ def gather(transport: Transport, request: dict, probes: HostProbes | None = None
     agent that gave no result is a record, not an exception (the report says so)."""
     try:
         result = transport.call(request)
-    except HostUnreachable as exc:
+    except Unreachable as exc:
         return Gathered(HostFacts(host=transport.host, reachable=False, error=str(exc)))
     except TargetError as exc:             # the agent gave no result
         return Gathered(HostFacts(host=transport.host, reachable=True, error=str(exc)))

@@ -16,19 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchset import factnames, inputfile, yamlsrc
-from patchset.errors import Exit, ManifestError, PatchsetError
-from patchset.model import PATHS, REQUIRE_OPS, Requirement
+from patchset.model import PATHS, Requirement
 
 from .model import SEVERITIES, STATES
+from .policyfile import AuditDataError, _load, _req
+from .resolved import load as load_flags
 
 DATA = Path(__file__).resolve().parent / "data"
-
-
-class AuditDataError(PatchsetError):
-    """An auditor data file (or one passed in) is invalid."""
-
-    exit_code = Exit.BAD_INPUT
 
 
 @dataclass(frozen=True)
@@ -112,32 +106,6 @@ DTYPE_BITS = {"F64": 64, "I64": 64, "U64": 64, "C64": 64, "F32": 32, "I32": 32, 
               "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
 
 
-def _load(path: Path) -> dict:
-    """Through the same bounded reader and positioned YAML loader as the manifest."""
-    text = inputfile.read_text(path, inputfile.DATA_LIMIT, "policy file")
-    doc = yamlsrc.load(text, str(path))
-    try:
-        doc.version(1, None, "must be 1")     # also refuses a document that is no mapping
-    except ManifestError as exc:
-        raise AuditDataError(str(exc)) from None
-    return doc.data
-
-
-def _req(path: Path, where: str, item: Any) -> Requirement:
-    if not isinstance(item, dict) or not {"fact", "op", "value"} <= set(item):
-        raise AuditDataError(f"{path}: {where}: needs fact, op, value")
-    if item["op"] not in REQUIRE_OPS:
-        raise AuditDataError(f"{path}: {where}.op: {item['op']!r} is not one of "
-                             f"{', '.join(REQUIRE_OPS)}")
-    bad = factnames.problem(str(item["fact"]))
-    value = tuple(item["value"]) if isinstance(item["value"], list) else item["value"]
-    bad = bad or factnames.value_problem(str(item["fact"]), value if isinstance(value, tuple)
-                                         else (value,))
-    if bad:
-        raise AuditDataError(f"{path}: {where}.fact: {bad}")
-    return Requirement(str(item["fact"]), item["op"], value, str(item.get("why", "")))
-
-
 @functools.lru_cache(maxsize=4)
 def load(directory: str | None = None) -> Policy:
     base = Path(directory) if directory else DATA
@@ -205,5 +173,4 @@ def _resolved_args_path(base: Path) -> Path:
 
 
 def _resolved_args(base: Path) -> tuple:
-    from .resolved import load as load_flags     # it validates with this module's helpers
     return load_flags(_resolved_args_path(base))

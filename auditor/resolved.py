@@ -17,7 +17,7 @@ from patchset import factnames
 from patchset.model import Requirement
 
 from .model import SEVERITIES
-from .policy import AuditDataError, _load, _req
+from .policyfile import AuditDataError, _load, _req
 
 OUTCOMES = ("resolved", "overridden", "unknown", "unverified", "unread")
 STATUSES = ("pass", "fail", "warn", "unknown")

@@ -64,7 +64,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
             return
         if probe == "drift":
             from patchset.isolate.drift import DriftSpec
-            from patchset.isolate.httpjson import client_for
+            from patchset.isolate.probe import client_for
             plan = bisector.DriftProbe(
                 client_for(host, url_checked, None, api_key_env, resolver=resolver),
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,

@@ -100,7 +100,7 @@ def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
                  output_tokens, sigmas, fmt, inventory, decision) -> None:
     from patchset.isolate import driftview
     from patchset.isolate.drift import DriftSpec, probe_drift
-    from patchset.isolate.httpjson import client_for
+    from patchset.isolate.probe import client_for
     from patchset.isolate.probe import parse_sizes
     tolerance, confidence, budget = decision
     spec = DriftSpec(sizes=parse_sizes(sizes), output_tokens=output_tokens, repeats=repeats,

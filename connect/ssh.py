@@ -22,14 +22,14 @@ from typing import Any, Mapping
 from patchset import inputfile
 from patchset import transport as wire
 from patchset.agent import bounded
-from patchset.errors import HostUnreachable, PatchsetError
+from patchset.errors import Unreachable, PatchsetError
 
 from .inventory import Host
 
 CONNECT_TIMEOUT = 15
 
 
-class HostKeyRefused(HostUnreachable):
+class HostKeyRefused(Unreachable):
     """The host's key is unknown (without --accept-new) or changed."""
 
 
@@ -153,7 +153,7 @@ class SshTransport:
                              "reach it"}.get(exc.code, exc.text or "open failed")
             else:
                 reason = str(exc) or type(exc).__name__
-            raise HostUnreachable(f"{self.host}: cannot reach {where} from the host through "
+            raise Unreachable(f"{self.host}: cannot reach {where} from the host through "
                                   f"ssh ({reason.rstrip('.')})") from None
 
     def _open(self):
@@ -173,7 +173,7 @@ class SshTransport:
         self._secure(conn)
         try:
             conn.open()
-        except HostUnreachable:
+        except Unreachable:
             raise
         except Exception as exc:  # noqa: BLE001 - every connect failure means unreachable
             raise self._unreachable(exc) from None
@@ -191,7 +191,7 @@ class SshTransport:
         if conn.gateway is not None and not isinstance(conn.gateway, str):
             self._secure(conn.gateway)
 
-    def _unreachable(self, exc: BaseException) -> HostUnreachable:
+    def _unreachable(self, exc: BaseException) -> Unreachable:
         import paramiko
         if isinstance(exc, paramiko.BadHostKeyException):
             return HostKeyRefused(
@@ -200,12 +200,12 @@ class SshTransport:
                 "reinstalled, remove the old key with `ssh-keygen -R HOST` and reconnect "
                 "with --accept-new")
         if isinstance(exc, paramiko.AuthenticationException):
-            return HostUnreachable(f"{self.host}: SSH authentication failed ({exc}); check "
+            return Unreachable(f"{self.host}: SSH authentication failed ({exc}); check "
                                    "the user and key (inventory identity_file or ~/.ssh/config)")
         reason = str(exc) or type(exc).__name__
         if isinstance(exc, (socket.timeout, TimeoutError)):
             reason = f"timed out after {CONNECT_TIMEOUT}s"
-        return HostUnreachable(f"{self.host}: unreachable ({reason})")
+        return Unreachable(f"{self.host}: unreachable ({reason})")
 
     def close(self) -> None:
         if self._conn is not None:

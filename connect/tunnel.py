@@ -19,7 +19,7 @@ checked before anything is sent (the path starts with "/" and is printable ASCII
 spaces, so no CR/LF can split the request), a response body is capped (MAX_BODY), a
 request has one deadline, `timeout` seconds for connect, send, headers and body together
 (patchset/agent/httpdeadline.py: a server that drips a byte at a time cannot hold a
-probe), and every failure is one line that names the host and host:port (HostUnreachable: exit
+probe), and every failure is one line that names the host and host:port (Unreachable: exit
 3; a reply that is not bounded HTTP: EndpointError, exit 4). An HTTP error status is a
 response, not an exception: the caller judges it.
 """
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from patchset import validate
 from patchset.agent.httpdeadline import (Deadline, DeadlineHTTPConnection,
                                          DeadlineHTTPSConnection, DeadlineSocket)
-from patchset.errors import HostUnreachable, PatchsetError, UsageError
+from patchset.errors import Unreachable, PatchsetError, UsageError
 
 from .inventory import Host
 
@@ -159,11 +159,11 @@ class _Endpoint:
         except PatchsetError:
             raise
         except socket.timeout:
-            raise HostUnreachable(f"{self.describe()}: no answer to {method} "
+            raise Unreachable(f"{self.describe()}: no answer to {method} "
                                   f"{self.prefix + path} within {timeout:g}s") from None
         except OSError as exc:      # refused, reset, closed channel (RemoteDisconnected too)
             reason = exc.strerror or str(exc) or type(exc).__name__
-            raise HostUnreachable(f"{self.describe()}: unreachable ({reason})") from None
+            raise Unreachable(f"{self.describe()}: unreachable ({reason})") from None
         except http.client.HTTPException as exc:
             raise EndpointError(f"{self.describe()}: not an HTTP response "
                                 f"({type(exc).__name__})") from None

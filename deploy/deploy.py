@@ -100,7 +100,7 @@ def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | 
     """Render, diff, verify, install, restart in order and wait for /health (or roll back).
 
     Bad settings raise UsageError before the host is contacted; an unreachable host
-    raises HostUnreachable; an unfinished bisect there raises BisectPending; everything
+    raises Unreachable; an unfinished bisect there raises BisectPending; everything
     the host refuses or fails is in the result. `gates_off` (a bisect step, id `bisect`)
     renders those applied patches without their gate, so their code path is not taken.
     The result, the events and the errors are redacted (`Scrub`)."""

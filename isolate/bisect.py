@@ -34,7 +34,7 @@ from patchset import api
 from patchset.agent import engine, safewrite
 from patchset.agent.bounded import InputError, expect
 from patchset.agent.records import StatusRecord
-from patchset.errors import BisectPending, Exit, PatchsetError, TargetError
+from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, Unreachable
 from patchset.model import Series
 
 from . import drift, driftsearch, driftstats, hoststate
@@ -152,10 +152,6 @@ class BisectProbe:
         return verdict, [asdict(r) for r in report.results]
 
 
-class Unreachable(Exception):
-    """The probe got no answer from the endpoint (not a verdict about the server)."""
-
-
 @dataclass
 class DriftProbe:
     """`--probe drift`: each state measured in numbers (isolate/drift.py), the suspects
@@ -189,11 +185,8 @@ class DriftProbe:
 
     @staticmethod
     def _guard(run: Callable[[], Any]) -> Any:
-        from .httpjson import Unreachable as NoAnswer
         try:
             return run()
-        except NoAnswer as exc:
-            raise Unreachable(str(exc)) from None
         except drift.DriftError as exc:
             raise TargetError(f"drift probe: {exc}") from None
 
@@ -251,7 +244,7 @@ def _restoring(t: BisectHost, report: BisectReport, say: Say, steps: Callable[[]
         report.interrupted = True
         report.verdict = interrupted
         say("interrupted: restoring the starting state (Ctrl-C is ignored until it is done)")
-    except (PatchsetError, Unreachable) as exc:
+    except PatchsetError as exc:                   # Unreachable too
         report.error = str(exc)
         report.verdict = f"stopped at step {len(report.steps) - 1}: {exc}"
     finally:

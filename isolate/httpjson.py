@@ -1,7 +1,10 @@
-"""JSON over HTTP for the drift probe, on whichever connection reaches the server: the
-host's own SSH connection (connect/tunnel.py SshEndpoint: a server bound to the host's
-127.0.0.1, a host known by an ssh-config alias) or a direct URL (`--url`). The server's
-refusals (an HTTP status) and an unreachable server are told apart (exit 1 vs exit 3)."""
+"""The one JSON-over-HTTP client of isolate/ (probe, drift, bisect through them), on
+whichever connection reaches the server: the host's own SSH connection (connect/tunnel.py
+SshEndpoint: a server bound to the host's 127.0.0.1, a host known by an ssh-config alias)
+or a direct URL (`--url`). One exchange (`request`), one redaction policy (`shown`: the
+key replaced by `<redacted>`, then clipped, never the other way round). A server's
+refusal (an HTTP status: HttpStatus) and no answer at all (patchset.errors.Unreachable,
+exit 3) are told apart."""
 
 from __future__ import annotations
 
@@ -9,19 +12,58 @@ import json
 from typing import Any
 
 from patchset.agent.bounded import InputError, loads
-from patchset.errors import HostUnreachable, PatchsetError
+from patchset.errors import PatchsetError, Unreachable
 
 from .drift import DriftError
 
 ERROR_CHARS = 300
+REDACTED = "<redacted>"          # as the agent's redactor writes it (patchset/agent/redact.py)
 
 
-class Unreachable(DriftError):
-    """No answer at all: the probe cannot say anything about the server."""
+class HttpStatus(Exception):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.body = status, body
+
+    def text(self) -> str:
+        """Enough of the body to redact a key in it whole before it is clipped for show."""
+        return self.body[:4096].decode("utf-8", "replace").replace("\n", " ")
+
+
+def request(endpoint: Any, method: str, path: str, body: dict | None, key: str | None,
+            timeout: float) -> bytes:
+    """One exchange through an HttpEndpoint (connect/tunnel.py): `body` sent as JSON, a
+    bearer key if given; the reply's body for a 2xx status, else HttpStatus. No answer is
+    Unreachable, an answer that is not bounded HTTP the endpoint's error, as raised."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    reply = endpoint.request(method, path, data, headers, timeout=timeout)
+    if not 200 <= reply.status < 300:
+        raise HttpStatus(reply.status, reply.body)
+    return reply.body
+
+
+def redact(text: str, key: str | None) -> str:
+    return text.replace(key, REDACTED) if key else text
+
+
+def clip(text: str, limit: int) -> str:
+    """Clip after redacting (a key cut in half by the clip would no longer match)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def shown(text: str, key: str | None, limit: int = ERROR_CHARS) -> str:
+    """What of a server's text may be shown: the key redacted, then clipped."""
+    return clip(redact(text, key), limit)
 
 
 class EndpointClient:
-    """POST JSON through an HttpEndpoint (connect/tunnel.py), a bearer key if given."""
+    """The drift probe's client (isolate/drift.py Client): `request` with the key held,
+    a server's refusal or a body that is not JSON as a DriftError."""
 
     def __init__(self, endpoint: Any, key: str | None = None) -> None:
         self.endpoint = endpoint
@@ -34,46 +76,27 @@ class EndpointClient:
         self.endpoint.close()
 
     def post(self, path: str, body: dict, timeout: float, want_json: bool = True) -> Any:
-        return self._send("POST", path, json.dumps(body).encode(), timeout, want_json)
+        return self._send("POST", path, body, timeout, want_json)
 
     def get(self, path: str, timeout: float) -> bytes:
         """The body of a GET (the server's /metrics): bytes, never parsed here."""
         return self._send("GET", path, None, timeout, False)
 
-    def _send(self, method: str, path: str, data: bytes | None, timeout: float,
+    def _send(self, method: str, path: str, body: dict | None, timeout: float,
               want_json: bool) -> Any:
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
         where = f"{self.describe()} {path}"
         try:
-            reply = self.endpoint.request(method, path, data, headers, timeout=timeout)
-        except HostUnreachable as exc:
-            raise Unreachable(str(exc)) from None
+            data = request(self.endpoint, method, path, body, self._key, timeout)
+        except Unreachable:
+            raise                         # no answer: nothing to say about the server
+        except HttpStatus as exc:
+            raise DriftError(f"{where}: HTTP {exc.status}: {shown(exc.text(), self._key)}") \
+                from None
         except PatchsetError as exc:
             raise DriftError(f"{where}: {exc}") from None
-        if reply.status != 200:
-            text = reply.body[:ERROR_CHARS].decode(errors="replace")
-            raise DriftError(f"{where}: HTTP {reply.status}: {redact(text, self._key)}")
         if not want_json:
-            return reply.body
+            return data
         try:
-            return loads(reply.body, where)
+            return loads(data, where)
         except InputError as exc:
             raise DriftError(str(exc)) from None
-
-
-def redact(text: str, key: str | None) -> str:
-    return text.replace(key, "***") if key else text
-
-
-def client_for(host: str | None, url: str | None, inventory: str | None,
-               api_key_env: str | None, resolver: Any = None) -> EndpointClient:
-    """The server a drift probe talks to: `--url` directly, else the inventory host's
-    router, else its decode role, through the host's SSH connection (`resolver`'s, when
-    the command holds one, so there is one connection and one host-key check)."""
-    from .probe import api_key, open_endpoint
-    key = api_key(api_key_env)
-    if resolver is not None and not url:
-        return EndpointClient(resolver.endpoint(host), key)
-    return EndpointClient(open_endpoint(url, host, inventory), key)

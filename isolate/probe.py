@@ -41,9 +41,11 @@ from typing import Any, Callable
 from patchset.auditor.model import ProbeResult, size_label
 from patchset.connect.tunnel import DirectEndpoint, EndpointError, HttpEndpoint, endpoint_for, role_target
 from patchset.agent.bounded import InputError
-from patchset.errors import HostUnreachable, PatchsetError, UsageError
+from patchset.errors import Unreachable, PatchsetError, UsageError
 
 from .answers import ChatAnswer, chat_answer
+from .drift import DriftSpec, probe_drift
+from .httpjson import EndpointClient, HttpStatus, clip, request, shown
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads the "
           "deployment notes and checks the queue once more. ")
@@ -52,32 +54,14 @@ FILLER = ("The quick brown fox jumps over the lazy dog while the operator reads 
 CHAT_PATH = "/v1/chat/completions"
 
 
-class HttpStatus(Exception):
-    """The server answered a chat completion with an HTTP error status."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status, self.body = status, body
-
-    def text(self) -> str:
-        """Enough of the body to redact a key in it whole before it is clipped for show."""
-        return self.body[:4096].decode("utf-8", "replace").replace("\n", " ")
-
-
 def chat(endpoint: HttpEndpoint, messages: list[dict], max_tokens: int, key: str | None,
          timeout: float = 600, **extra: Any) -> ChatAnswer:
     """One chat completion through `endpoint` (connect/tunnel.py), validated whole
-    (isolate/answers.py); an HTTP error status is HttpStatus, no answer HostUnreachable,
+    (isolate/answers.py); an HTTP error status is HttpStatus, no answer Unreachable,
     a body that is not a chat completion an InputError (a ValueError)."""
-    body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
-                       "temperature": 0, **extra}).encode()
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    reply = endpoint.request("POST", CHAT_PATH, body, headers, timeout=timeout)
-    if not 200 <= reply.status < 300:
-        raise HttpStatus(reply.status, reply.body)
-    return chat_answer(reply.body, CHAT_PATH)
+    body = {"model": "default", "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, **extra}
+    return chat_answer(request(endpoint, "POST", CHAT_PATH, body, key, timeout), CHAT_PATH)
 
 
 def direct(target: HttpEndpoint | str) -> HttpEndpoint:
@@ -346,14 +330,14 @@ def _guarded(probe, endpoint: HttpEndpoint, key: str | None, timeout: float,
         return probe(endpoint, key, timeout, *args)
     except HttpStatus as exc:
         error, unreachable = f"HTTP {exc.status}: {exc.text()}", False
-    except HostUnreachable as exc:
+    except Unreachable as exc:
         error, unreachable = f"cannot reach {where}: {_reason(exc, where)}", True
     except EndpointError as exc:                 # an answer, but not bounded HTTP
         error, unreachable = str(exc), False
     except InputError as exc:                    # isolate/answers.py: names the field
         error, unreachable = f"not an OpenAI chat completion: {exc}", False
     name = _probe_name(probe, args)
-    error = _clip(_redact(error, key), ERROR_CHARS)
+    error = shown(error, key, ERROR_CHARS)
     return ProbeResult(probe=name.split("@")[0], name=name, ok=False, reason=error,
                        expected="", error=error, unreachable=unreachable,
                        size_tokens=args[0] if args else None, url=where)
@@ -368,15 +352,6 @@ def _reason(exc: Exception, where: str) -> str:
 def _probe_name(probe: Any, args: tuple) -> str:
     name = probe.__name__.replace("needle_at", "needle")
     return name + (f"@{size_label(args[0])}" if args else "")
-
-
-def _redact(text: str, key: str | None) -> str:
-    return text.replace(key, "<redacted>") if key else text
-
-
-def _clip(text: str, limit: int) -> str:
-    """Clip after redacting (a key cut in half by the clip would no longer match)."""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def recall(endpoint: HttpEndpoint, key: str | None, timeout: float = 600.0) -> ProbeResult:
@@ -442,7 +417,7 @@ def _ask(probe: str, name: str, endpoint: HttpEndpoint, key: str | None, timeout
     seen = reply.prompt_tokens
     ok, reason = _verdict(token, answer, reasoning, sent, seen, reply.finish_reason)
     return ProbeResult(probe=probe, name=name, ok=ok is True, reason=reason, expected=token,
-                       answer=_clip(_redact(answer, key), ANSWER_CHARS), size_tokens=size,
+                       answer=shown(answer, key, ANSWER_CHARS), size_tokens=size,
                        words_sent=sent, prompt_tokens=seen, latency_ms=latency,
                        turns=sum(m["role"] == "user" for m in messages), tools=tools,
                        url=endpoint.describe(), inconclusive=ok is None)
@@ -529,8 +504,6 @@ class DriftAuditProbes(_PerHost):
     by_role: frozenset[str] = frozenset()
 
     def run(self, host: str, endpoint: HttpEndpoint) -> list[ProbeResult]:
-        from .drift import probe_drift
-        from .httpjson import EndpointClient
         url, started = endpoint.describe(), time.monotonic()
         try:
             outcome = probe_drift(EndpointClient(endpoint, api_key(self.key_env)), self.spec)
@@ -557,7 +530,7 @@ class DriftAuditProbes(_PerHost):
                 unreachable: bool = False, drift: dict | None = None) -> ProbeResult:
         return ProbeResult(probe="drift", name="drift", ok=ok, reason=reason,
                            expected="prefill vs decode bounded below the tolerance",
-                           answer=_clip(reason, ANSWER_CHARS), error=error,
+                           answer=clip(reason, ANSWER_CHARS), error=error,
                            unreachable=unreachable, url=url, drift=drift,
                            latency_ms=round((time.monotonic() - started) * 1000, 1))
 
@@ -579,7 +552,6 @@ def audit_probes(kind: str | None, sizes: str | None, key_env: str | None, timeo
     names = {host.name: name for name, host in hosts.items()}   # local -> localhost
     by_role = frozenset(host.name for host in hosts.values() if role_target(host))
     if kind == "drift":
-        from .drift import DriftSpec
         return DriftAuditProbes(DriftSpec(sizes=parse_sizes(sizes, "--probe-sizes"),
                                           timeout=timeout), connect, key_env, names, by_role)
     spec = FidelitySpec(kinds=parse_kinds(kind, "--probe"),
@@ -620,8 +592,20 @@ def main(argv: list[str] | None = None) -> int:
             return Exit.INCONCLUSIVE           # nothing to judge by: never a pass
         return Exit.OK if result["ok"] else Exit.FINDINGS
     print(json.dumps({"probe": args.probe, "ok": False,
-                      "error": _clip(_redact(error, key), ERROR_CHARS)}))
+                      "error": shown(error, key, ERROR_CHARS)}))
     return failed
+
+
+
+def client_for(host: str | None, url: str | None, inventory: str | None,
+               api_key_env: str | None, resolver: Any = None) -> EndpointClient:
+    """The server a drift probe talks to: `--url` directly, else the inventory host's
+    router, else its decode role, through the host's SSH connection (`resolver`'s, when
+    the command holds one, so there is one connection and one host-key check)."""
+    key = api_key(api_key_env)
+    if resolver is not None and not url:
+        return EndpointClient(resolver.endpoint(host), key)
+    return EndpointClient(open_endpoint(url, host, inventory), key)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import __version__
-from .errors import (BisectPending, Exit, HostUnreachable, LockedError, PatchsetError,
+from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetError,
                      TargetError, UsageError)
 from .model import Patch, Series
 from .selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
@@ -94,7 +94,7 @@ def _run_on(transport: Transport, request: dict, files: dict[str, Path],
             request = dict(request, base=dict(request.get("base") or {}, commit=commit))
             raw = transport.call(request, {**files, "base.bundle": bundle})
         result = raise_for(transport.host, raw)
-    except (HostUnreachable, TargetError, UsageError) as exc:
+    except (Unreachable, TargetError, UsageError) as exc:
         return HostResult(host=transport.host, ok=False, error=str(exc),
                           details=exc.details, exit_code=exc.exit_code,
                           bisect=exc.record if isinstance(exc, BisectPending) else None)
@@ -201,7 +201,7 @@ def status_or_error(series: Series, transport: Transport) -> HostStatus:
     """Status of one host, or a record of why it could not be had (for fleets)."""
     try:
         return status(series, transport)
-    except (HostUnreachable, TargetError, UsageError) as exc:
+    except (Unreachable, TargetError, UsageError) as exc:
         return HostStatus(host=transport.host, error=str(exc), exit_code=exc.exit_code)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 from .errors import UpstreamError
-from .upstream import BaseTree, _hermetic_env, cache_root
+from .agent.gitenv import LOCAL, run_git
+from .upstream import BaseTree, cache_root
 
 
 def base_bundle(base: BaseTree, cache: Path | None = None) -> Path:
@@ -25,19 +25,19 @@ def base_bundle(base: BaseTree, cache: Path | None = None) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    proc = subprocess.run(["git", "bundle", "create", "-q", str(tmp), f"refs/heads/{base.ref}"],
-                          cwd=base.repo, capture_output=True, text=True, env=_hermetic_env())
+    proc = run_git(["bundle", "create", "-q", str(tmp), f"refs/heads/{base.ref}"], base.repo,
+                   mode=LOCAL)
     if proc.returncode != 0 or not _holds(tmp, base):
         tmp.unlink(missing_ok=True)
         raise UpstreamError(f"cannot bundle the base in {base.repo}: "
-                            f"{(proc.stderr.strip().splitlines() or ['no head'])[-1]}")
+                            f"{(proc.stderr.decode(errors='replace').strip().splitlines() or ['no head'])[-1]}")
     os.replace(tmp, path)
     return path
 
 
 def _holds(bundle: Path, base: BaseTree) -> bool:
     """Whether `bundle` is a readable bundle whose heads are exactly the base commit."""
-    proc = subprocess.run(["git", "bundle", "list-heads", str(bundle)], cwd=base.repo,
-                          capture_output=True, text=True, env=_hermetic_env())
-    heads = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
+    proc = run_git(["bundle", "list-heads", str(bundle)], base.repo, mode=LOCAL)
+    heads = {line.split()[0] for line in proc.stdout.decode(errors="replace").splitlines()
+             if line.strip()}
     return proc.returncode == 0 and heads == {base.commit}

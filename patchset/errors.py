@@ -115,7 +115,9 @@ class BisectPending(TargetError):
     record: dict = {}
 
 
-class HostUnreachable(PatchsetError):
-    """A host could not be reached."""
+class Unreachable(PatchsetError):
+    """No answer: a host (SSH), the server a probe or an audit speaks to (HTTP) or the
+    package index could not be reached. Not a verdict about what is there; the one
+    unreachable error of the tool (exit 3)."""
 
     exit_code = Exit.UNREACHABLE

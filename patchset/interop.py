@@ -10,10 +10,8 @@ error (exit 2) and nothing is written.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from datetime import date
@@ -21,6 +19,7 @@ from pathlib import Path
 
 from . import inputfile, patchfile
 from .agent import safewrite
+from .agent.gitenv import LOCAL, run_git
 from .errors import ManifestError, UsageError
 from .model import PATHS, TIERS, Series
 
@@ -392,9 +391,8 @@ def _in_series_order(names: list[str], series: Series, built: list[_Built]) -> l
 
 def apply_diff(work: Path, diff: str, strip: int, source: str, name: str) -> None:
     """Apply without fuzz and commit, so the next patch sees exactly this result."""
-    proc = subprocess.run(["git", "apply", "--index", f"-p{strip}", "--whitespace=nowarn", "-"],
-                          cwd=work, input=diff.encode(), capture_output=True,
-                          env=hermetic_git_env())
+    proc = run_git(["apply", "--index", f"-p{strip}", "--whitespace=nowarn", "-"], work,
+                   mode=LOCAL, extra=IDENTITY, input=diff.encode())
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().split("\n") or [""])[0]
         raise ManifestError(source, None, "diff", "does not apply on the pinned base with the "
@@ -489,13 +487,10 @@ def _write_atomic(path: Path, text: str, root: Path) -> None:
     safewrite.write_file(path, text.encode("utf-8"), root=root)
 
 
-def hermetic_git_env() -> dict[str, str]:
-    """No user or system git config: diffs must not depend on whoever runs the import."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, LC_ALL="C",
-               GIT_AUTHOR_NAME="patchset", GIT_AUTHOR_EMAIL="patchset@localhost",
-               GIT_COMMITTER_NAME="patchset", GIT_COMMITTER_EMAIL="patchset@localhost")
-    return env
+# Who the scratch trees' commits are by (gitenv's LOCAL mode: no user or system config,
+# so diffs do not depend on whoever runs the import).
+IDENTITY = {"GIT_AUTHOR_NAME": "patchset", "GIT_AUTHOR_EMAIL": "patchset@localhost",
+            "GIT_COMMITTER_NAME": "patchset", "GIT_COMMITTER_EMAIL": "patchset@localhost"}
 
 
 def git_out(cwd: Path, *args: str, what: str) -> str:
@@ -504,8 +499,7 @@ def git_out(cwd: Path, *args: str, what: str) -> str:
 
 def git_bytes(cwd: Path, *args: str, what: str, stdin: bytes | None = None) -> bytes:
     """git's exact stdout (file contents must round-trip byte for byte)."""
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, env=hermetic_git_env(),
-                          input=stdin)
+    proc = run_git(args, cwd, mode=LOCAL, extra=IDENTITY, input=stdin)
     if proc.returncode != 0:
         reason = (proc.stderr.decode(errors="replace").strip().split("\n") or [""])[0]
         raise UsageError(f"{what}: git {args[0]} failed: {reason}")

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from . import validate
+from .agent import diffparse
 from .errors import ManifestError
 from .model import FileChange
 
@@ -97,7 +98,7 @@ def _check_header(header: dict[str, str], file: str) -> None:
 
 
 def check_raw_diff(lines: list[str], start: int, file: str) -> None:
-    """Things unidiff accepts silently but we refuse: binary, renames, short blob ids,
+    """Things the diff parser (agent/diffparse.py) reads but we refuse: binary, renames, short blob ids,
     unsafe paths, hunks whose header counts disagree with their lines, and anything after a
     hunk that is not a new file section (shown by `show`, ignored by `git apply`: what is
     reviewed must be exactly what is applied)."""
@@ -262,13 +263,11 @@ def _unsafe_header_path(line: str) -> bool:
 
 
 def parse_diff(text: str, file: str, offset: int, git_prefix: str) -> tuple[FileChange, ...]:
-    from unidiff import PatchSet
-    from unidiff.errors import UnidiffParseError
-
     try:
-        patch = PatchSet(text)
-    except UnidiffParseError as exc:
-        raise ManifestError(file, None, "diff", f"malformed diff: {exc}") from None
+        patch = diffparse.parse(text)
+    except diffparse.DiffError as exc:
+        raise ManifestError(file, offset + exc.line, "diff", f"malformed diff: "
+                            f"{exc.message}") from None
     changes = []
     seen: set[str] = set()
     for patched in patch:
@@ -282,8 +281,8 @@ def parse_diff(text: str, file: str, offset: int, git_prefix: str) -> tuple[File
     return tuple(changes)
 
 
-def _checked_path(patched, file: str, offset: int, git_prefix: str) -> str:
-    names = {n for n in (patched.source_file, patched.target_file) if n and n != "/dev/null"}
+def _checked_path(patched: diffparse.FileDiff, file: str, offset: int, git_prefix: str) -> str:
+    names = {n for n in (patched.source, patched.target) if n and n != "/dev/null"}
     for raw in names:
         name = raw[2:] if raw[:2] in ("a/", "b/") else raw
         if name.startswith("/") or ".." in name.split("/") or "\\" in name or not name:
@@ -297,7 +296,7 @@ def _checked_path(patched, file: str, offset: int, git_prefix: str) -> str:
     return patched.path
 
 
-def _file_change(patched, path: str, file: str) -> FileChange:
+def _file_change(patched: diffparse.FileDiff, path: str, file: str) -> FileChange:
     pre, post = _blob_ids(patched, file)
     if patched.is_added_file:
         pre = None
@@ -307,8 +306,8 @@ def _file_change(patched, path: str, file: str) -> FileChange:
                       added=patched.added, removed=patched.removed)
 
 
-def _blob_ids(patched, file: str) -> tuple[str | None, str | None]:
-    for line in str(patched).split("\n"):
+def _blob_ids(patched: diffparse.FileDiff, file: str) -> tuple[str | None, str | None]:
+    for line in patched.header:
         match = INDEX_LINE.fullmatch(line)
         if match:
             pre, post = match.group(1), match.group(2)

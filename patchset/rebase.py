@@ -27,7 +27,6 @@ import difflib
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import yaml
 
 from . import api, guards, interop, pinrules
 from .agent import safewrite
+from .agent.gitenv import LOCAL, run_git
 from .errors import Exit, PatchsetError, UsageError
 from .manifest import load_series
 from .model import Patch, Series, UpstreamPin
@@ -336,8 +336,8 @@ def _merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str,
         (scratch / f"merge.{kind}").write_bytes(data)
         names.append(str(scratch / f"merge.{kind}"))
     args = [arg for label in labels for arg in ("-L", label)]
-    proc = subprocess.run(["git", "merge-file", "-p", *args, *names], capture_output=True,
-                          env=interop.hermetic_git_env(), check=False)
+    proc = run_git(["merge-file", "-p", *args, *names], scratch, mode=LOCAL,
+                   extra=interop.IDENTITY)
     if not 0 <= proc.returncode < 128:
         reason = proc.stderr.decode(errors="replace").strip() or f"exit {proc.returncode}"
         raise UsageError(f"git merge-file failed: {reason.splitlines()[0]}")

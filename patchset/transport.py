@@ -66,7 +66,7 @@ class Transport(Protocol):
              on_event: EventSink | None = None) -> dict:
         """Run the agent on `request` (`target` and `protocol` are filled in) with `files`
         (bundle name -> local path) beside it; its result, error results included.
-        Raises HostUnreachable when the host is not there, TargetError when the agent
+        Raises Unreachable when the host is not there, TargetError when the agent
         gave no result."""
         ...
 

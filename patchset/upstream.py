@@ -38,7 +38,7 @@ from typing import IO
 
 from . import pinrules
 from .agent import bounded, gitenv
-from .errors import HostUnreachable, UpstreamError, UsageError
+from .errors import Unreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
 
@@ -218,8 +218,8 @@ def blob_reader(base: BaseTree) -> Callable[[str], bytes | None]:
     """read(path) -> the base commit's bytes of a git path, or None when it has none:
     api.check's view of the pin (`git cat-file blob COMMIT:PATH` in the cached repo)."""
     def read(path: str) -> bytes | None:
-        proc = subprocess.run(["git", "cat-file", "blob", f"{base.commit}:{path}"],
-                              cwd=base.repo, capture_output=True)
+        proc = gitenv.run_git([*_GIT_OPTS, "cat-file", "blob", f"{base.commit}:{path}"],
+                              base.repo, mode=gitenv.LOCAL)
         return proc.stdout if proc.returncode == 0 else None
     return read
 
@@ -236,8 +236,7 @@ def tree_files(base: BaseTree, prefix: str, suffix: str = ".py") -> dict[str, by
         _mode, kind, oid = meta.split()
         if kind == "blob" and path.endswith(suffix):
             wanted.append((oid, path))
-    proc = subprocess.run(["git", *_GIT_OPTS, "cat-file", "--batch"], cwd=base.repo,
-                          env=_hermetic_env(), capture_output=True,
+    proc = gitenv.run_git([*_GIT_OPTS, "cat-file", "--batch"], base.repo, mode=gitenv.LOCAL,
                           input="".join(f"{oid}\n" for oid, _ in wanted).encode())
     if proc.returncode:
         raise UpstreamError(f"git cat-file failed: {_last_line(proc.stderr)}")
@@ -358,7 +357,7 @@ def _learn_wheel(
     tmp_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="learn.", dir=tmp_root) as tmp:
         with progress.task(f"download {want.requirement} (pip)", None):
-            done = _run_pip(want, Path(tmp), "and retry", HostUnreachable)
+            done = _run_pip(want, Path(tmp), "and retry", Unreachable)
         if done.returncode:
             _raise_for_pip(pin, version, want, done.stderr)
         got = _one_wheel(Path(tmp), pin.name, version)
@@ -385,7 +384,7 @@ def _raise_for_pip(pin: UpstreamPin, version: str, want: PypiPin, stderr: bytes)
     unreachable = _PIP_UNREACHABLE.search(text)
     if unreachable or "(from versions: none)" in text:
         seen = unreachable.group(0) if unreachable else f"no {pin.name} release listed at all"
-        raise HostUnreachable(
+        raise Unreachable(
             f"cannot reach the package index for {want.requirement} ({seen}); check the"
             " network and the index (pip config list)"
         )
@@ -612,31 +611,6 @@ def history(url: str, start: str, end: str, cache: Path | None = None,
 # ---------------------------------------------------------------- git
 
 
-def _hermetic_env() -> dict[str, str]:
-    """Environment for local repo work: no inherited GIT_*, no system or global config,
-    C locale, so the same input gives the same objects and files everywhere."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_TERMINAL_PROMPT="0",
-        LC_ALL="C",
-        LANGUAGE="C",
-        TZ="UTC",
-    )
-    return env
-
-
-def _network_env() -> dict[str, str]:
-    """Environment for remote access: the user's config (proxy, insteadOf, credentials)
-    stays, repo-locating variables go, and prompts are off so failures are immediate."""
-    env = {k: v for k, v in os.environ.items() if not gitenv.redirects(k)}
-    # Only real transports: never a remote helper such as ext:: (runs a command) or fd::.
-    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANGUAGE="C", GIT_ALLOW_PROTOCOL=_PROTOCOLS)
-    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o ConnectTimeout=10")
-    return env
-
-
 def _git(
     args: list[str],
     cwd: Path,
@@ -646,12 +620,13 @@ def _git(
     strip: bool = True,
 ) -> str:
     """Run git, returning stdout; any failure becomes a one-line UpstreamError."""
-    cmd = ["git", *_GIT_OPTS, *args]
-    env = _network_env() if network else _hermetic_env()
+    # Only real transports over the network: never a remote helper such as ext:: (runs a
+    # command) or fd::.
+    mode, extra = ((gitenv.NETWORK, {"GIT_ALLOW_PROTOCOL": _PROTOCOLS}) if network
+                   else (gitenv.LOCAL, None))
     try:
-        done = subprocess.run(
-            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout
-        )
+        done = gitenv.run_git([*_GIT_OPTS, *args], cwd, mode=mode, extra=extra,
+                              timeout=timeout)
     except FileNotFoundError as e:
         raise UpstreamError("git is not installed or not on PATH; install git and retry") from e
     except subprocess.TimeoutExpired as e:
@@ -931,7 +906,7 @@ def _fast_import(
         proc = subprocess.Popen(
             cmd,
             cwd=work,
-            env=_hermetic_env(),
+            env=gitenv.git_env(mode=gitenv.LOCAL),     # streamed: Popen, same policy
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -989,7 +964,7 @@ def _export(base: BaseTree, tmp: Path) -> None:
     archive = subprocess.Popen(
         ["git", *_GIT_OPTS, "archive", "--format=tar", treeish],
         cwd=base.repo,
-        env=_hermetic_env(),
+        env=gitenv.git_env(mode=gitenv.LOCAL),     # streamed: Popen, same policy
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

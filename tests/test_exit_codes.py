@@ -132,3 +132,21 @@ def test_host_shipped_modules_do_not_import_errors() -> None:
         text = (ROOT / rel).read_text(encoding="utf-8")
         assert not re.search(r"^\s*(from|import)\s+(patchset\.errors|\.errors|\.\.errors)\b",
                              text, re.M), rel
+
+
+def test_one_unreachable_error() -> None:
+    """No answer is one error, patchset.errors.Unreachable (exit 3), whether SSH, a probed
+    server, the audit's HTTP read or the package index gave none: no product module
+    defines another exception class named like it (a subclass says more, as
+    connect/ssh.py's HostKeyRefused does, and keeps the code)."""
+    from patchset.errors import PatchsetError, Unreachable
+    assert issubclass(Unreachable, PatchsetError) and Unreachable.exit_code is Exit.UNREACHABLE
+    found = []
+    for path in product_modules():
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ClassDef) and "unreachable" in node.name.lower() and \
+                    not str(path).endswith("patchset/errors.py"):
+                found.append(f"{path.relative_to(ROOT)}: class {node.name}")
+    assert found == []
+    from patchset.connect.ssh import HostKeyRefused
+    assert issubclass(HostKeyRefused, Unreachable)

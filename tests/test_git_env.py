@@ -1,12 +1,16 @@
 """No inherited git variable can point a git call of patchset at another repository:
-apply, status and revert on a local git tree with GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE
-and injected config aimed at a decoy repository change the tree as asked and leave the
-decoy byte for byte as it was."""
+apply, status and revert on a local git tree, an import, `rebase --check` and
+`init --git`, with GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE and injected config aimed at a
+decoy repository, do what they are asked and leave the decoy byte for byte as it was. Every
+git child goes through patchset/agent/gitenv.py's run_git (or its environment, where git's
+output is streamed), in one of its named modes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from hostile import snapshot
@@ -17,10 +21,25 @@ from patchset.agent import gitenv
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan
 from patchset.upstream import materialize
+from test_interop import empty_series  # noqa: F401 - a fixture
+from test_rebase import new_base  # noqa: F401 - a fixture
+
+
+DECOY_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
 
 
 @pytest.fixture()
 def decoy(tmp_path: Path, monkeypatch) -> Path:
+    return _decoy(tmp_path, monkeypatch)
+
+
+@pytest.fixture()
+def arm(tmp_path: Path, monkeypatch) -> Callable[[], Path]:
+    """The decoy's variables set when the test says (its fixtures' own git runs first)."""
+    return lambda: _decoy(tmp_path, monkeypatch)
+
+
+def _decoy(tmp_path: Path, monkeypatch) -> Path:
     repo = tmp_path / "decoy"
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True,
@@ -62,3 +81,69 @@ def test_the_policy_drops_every_redirecting_variable(decoy: Path) -> None:
                                                 "GIT_CONFIG_VALUE", "GIT_CONFIG_PARAM",
                                                 "GIT_CONFIG_COUNT"))]
     assert env["GIT_CONFIG_NOSYSTEM"] == "1" and env["PATH"]
+
+
+@pytest.mark.parametrize("mode", gitenv.MODES)
+def test_every_mode_drops_what_redirects_git(decoy: Path, mode: str, tmp_path: Path) -> None:
+    before = snapshot(decoy)
+    env = gitenv.git_env(mode=mode)
+    assert not [k for k in DECOY_ENV if k in env] and "GIT_CONFIG_COUNT" not in env
+    work = tmp_path / "work"
+    assert gitenv.run_git(["init", "-q", str(work)], tmp_path, mode=mode).returncode == 0
+    top = gitenv.run_git(["rev-parse", "--show-toplevel"], work, mode=mode)
+    assert top.stdout.decode().strip() == str(work) and snapshot(decoy) == before
+    assert (gitenv.git_env(mode=gitenv.LOCAL)["GIT_CONFIG_GLOBAL"] == "/dev/null"
+            and "GIT_CONFIG_GLOBAL" not in gitenv.git_env(mode=gitenv.NETWORK))
+    with pytest.raises(ValueError):
+        gitenv.git_env(mode="elsewhere")
+
+
+def test_init_git_ignores_a_redirecting_environment(arm, tmp_path: Path, capsys,
+                                                   monkeypatch) -> None:
+    from test_init import fork, init
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, commit = fork(tmp_path)
+    decoy = arm()
+    before = snapshot(decoy)
+    code, out, err = init(capsys, str(tmp_path / "s"), "--git", f"file://{repo}", "--ref",
+                          "main", "--json")
+    assert code == 0, err
+    assert load_series(tmp_path / "s" / "patches.yaml").upstream.git.ref == commit
+    assert snapshot(decoy) == before
+
+
+def test_import_ignores_a_redirecting_environment(arm, tmp_path: Path, series_dir: Path,
+                                                  empty_series: Path, capsys) -> None:
+    from test_interop import run
+    manifest = empty_series
+    quilt = tmp_path / "q"
+    quilt.mkdir()
+    (quilt / "chat.patch").write_text((series_dir / "patches" / "chat-a.patch").read_text())
+    (quilt / "series").write_text("chat.patch\n")
+    decoy = arm()
+    before = snapshot(decoy)
+    code, out, err = run(capsys, "import", "--quilt", str(quilt), "--offline", "--json",
+                         "--author", "Jane <jane@example.invalid>", "--tier", "safe",
+                         "--path", "decode", "--series", str(manifest))
+    assert code == 0, err
+    assert [p.name for p in load_series(manifest).patches] == \
+        [e["name"] for e in json.loads(out)["patches"]]
+    assert snapshot(decoy) == before
+
+
+def test_rebase_check_ignores_a_redirecting_environment(arm, pinned_base, new_base,  # noqa: F811
+                                                        tmp_path: Path, patchset_home: Path,
+                                                        capsys) -> None:
+    from hostutil import cli
+    from test_rebase import real_copy
+    from test_rebase_check import upstream_history
+    repo, commits = upstream_history(tmp_path, pinned_base, new_base)
+    manifest = real_copy(tmp_path / "series")
+    manifest.write_text(manifest.read_text().replace(
+        "https://github.com/sgl-project/sglang.git", f"file://{repo}"))
+    decoy = arm()
+    before = snapshot(decoy)
+    code, out, err = cli(capsys, "rebase", "--check", "v0.5.14..main", "--json", "--series",
+                         str(manifest))
+    assert code == 1 and json.loads(out)["commits"] == commits, err
+    assert snapshot(decoy) == before

@@ -27,7 +27,7 @@ from patchset.agent import deployer, httpdeadline
 from patchset.agent.facts.base import Command
 from patchset.agent.redact import Redactor
 from patchset.agent.runner import Runner
-from patchset.errors import Exit, HostUnreachable, UsageError
+from patchset.errors import Exit, Unreachable, UsageError
 
 TIMEOUT = 2.0
 SLACK = 1.5              # the deadline plus this: a loaded CI machine, never the drip's 30 s
@@ -119,7 +119,7 @@ def timed(call: Callable[[], object]) -> tuple[BaseException, float]:
 
 
 def assert_one_line_unreachable(exc: BaseException, where: str, path: str) -> None:
-    assert isinstance(exc, HostUnreachable), repr(exc)
+    assert isinstance(exc, Unreachable), repr(exc)
     message = str(exc)
     assert message == f"{where}: no answer to GET {path} within {TIMEOUT:g}s", message
     assert exc.exit_code == Exit.UNREACHABLE and "\n" not in message
@@ -176,7 +176,7 @@ def test_a_server_that_never_reads_a_large_request_is_given_up_at_the_deadline()
         exc, took = timed(lambda: endpoint.request("POST", "/generate", body,
                                                    timeout=TIMEOUT))
         assert took < TIMEOUT + SLACK, took
-        assert isinstance(exc, HostUnreachable)
+        assert isinstance(exc, Unreachable)
         assert str(exc) == (f"http://127.0.0.1:{server.port}: no answer to POST /generate "
                             f"within {TIMEOUT:g}s")
     finally:

@@ -27,6 +27,7 @@ import importlib.metadata
 import sysconfig
 import tomllib
 from pathlib import Path
+from typing import Iterable
 
 import patchset
 
@@ -72,13 +73,20 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
-def imports(name: str, path: Path, every_name: bool = False) -> set[str]:
+def imports(name: str, path: Path, every_name: bool = False, runtime: bool = False,
+            known: Iterable[str] | None = None) -> set[str]:
     """Absolute names of the modules `name` imports (`from X import Y`: X, and X.Y when Y
-    is a product submodule, or always with `every_name`)."""
+    is a module of `known`, the product modules by default, or always with `every_name`).
+    `runtime`: only what runs, so not the body of an `if TYPE_CHECKING:` (annotations)."""
     is_package = path.name == "__init__.py"
     here = name.split(".") if is_package else name.split(".")[:-1]
+    known = MODULES if known is None else set(known)
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    skipped = {id(n) for n in _typing_only(tree)} if runtime else set()
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -89,8 +97,60 @@ def imports(name: str, path: Path, every_name: bool = False) -> set[str]:
                 module = node.module or ""
             out.add(module)
             out.update(f"{module}.{alias.name}" for alias in node.names
-                       if every_name or f"{module}.{alias.name}" in MODULES)
+                       if every_name or f"{module}.{alias.name}" in known)
     return out
+
+
+def _typing_only(tree: ast.Module) -> list[ast.AST]:
+    """Every node inside an `if TYPE_CHECKING:` (never executed: not an import that runs)."""
+    return [inner for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for stmt in node.body for inner in ast.walk(stmt)]
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Who imports whom at run time among `modules`, function-level imports included (a
+    loop hidden inside a function is still a loop). A module's own enclosing packages are
+    left out: Python imports them first anyway, so `from . import x` is no arrow back."""
+    graph = {}
+    for name, path in modules.items():
+        found = imports(name, path, runtime=True, known=modules)
+        graph[name] = {m for m in found if m in modules and m != name
+                       and not name.startswith(m + ".")}
+    return graph
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops of `graph`: its strongly connected components of more than one
+    module (Tarjan), each sorted, so a failure names every module of the loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
 
 
 def within(module: str, package: str) -> bool:
@@ -132,6 +192,35 @@ def test_the_scan_sees_every_layer() -> None:
 
 def test_dependencies_point_one_way() -> None:
     assert violations() == []
+
+
+def test_no_import_loops() -> None:
+    """No module imports (at the top or inside a function) one that imports it back,
+    directly or round a longer loop: a shared piece lives in a lower module instead."""
+    assert loops(import_graph(MODULES)) == []
+
+
+def test_the_loop_finder_finds_a_loop_hidden_in_a_function(tmp_path: Path) -> None:
+    """A planted package: a imports b at the top, b imports c, c imports a inside a
+    function (the hiding place); d imports a and is no part of the loop; e imports a
+    only for type checking. Without the function-level import there is no loop."""
+    pkg = tmp_path / "planted"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .b import thing\n")
+    (pkg / "b.py").write_text("import planted.c\nthing = 1\n")
+    (pkg / "c.py").write_text("def late():\n    from . import a\n    return a\n")
+    (pkg / "d.py").write_text("from planted.a import thing\n")
+    (pkg / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from . import a\nfrom . import d\n")
+    planted = {"planted": pkg / "__init__.py",
+               **{f"planted.{m}": pkg / f"{m}.py" for m in "abcde"}}
+    graph = import_graph(planted)
+    assert graph["planted.c"] == {"planted.a"} and graph["planted.e"] == {"planted.d"}
+    assert loops(graph) == [["planted.a", "planted.b", "planted.c"]]
+    (pkg / "c.py").write_text("def late():\n    return None\n")
+    assert loops(import_graph(planted)) == []
+    assert loops({"x": {"x"}, "y": {"z"}, "z": {"y"}}) == [["y", "z"]]
 
 
 def test_every_exception_says_why_and_is_still_needed() -> None:

@@ -28,7 +28,7 @@ from patchset.connect.resolve import Hosts
 from patchset.connect.ssh import HostKeyRefused
 from patchset.connect.tunnel import (DirectEndpoint, EndpointError, SshEndpoint, endpoint_for,
                            role_target)
-from patchset.errors import Exit, HostUnreachable, UsageError
+from patchset.errors import Exit, Unreachable, UsageError
 from tests.hosts.nspawn import TestHost
 
 BIND = "127.0.0.2"          # the server's loopback address on the host
@@ -108,7 +108,7 @@ def test_a_loopback_server_is_reached_through_the_hosts_ssh_connection(env: dict
         assert refused.status == 501          # an HTTP error is a response, judged by the caller
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host.ip, port), timeout=5).close()
-    with pytest.raises(HostUnreachable) as direct:
+    with pytest.raises(Unreachable) as direct:
         DirectEndpoint(f"http://{host.ip}:{port}").request("GET", "/hello.txt")
     assert str(direct.value) == f"http://{host.ip}:{port}: unreachable (Connection refused)"
 
@@ -170,7 +170,7 @@ def test_a_server_that_does_not_answer_is_one_line_after_the_timeout(env: dict) 
             f"ss -ltn | grep -q {BIND}:{mute} && exit 0; sleep 0.1; done; exit 1")
     try:
         with endpoint_for(env["entry"], at=(BIND, mute)) as endpoint, \
-                pytest.raises(HostUnreachable) as err:
+                pytest.raises(Unreachable) as err:
             endpoint.request("GET", "/", timeout=1)
         assert str(err.value) == (f"{env['host'].name} {BIND}:{mute} via ssh: no answer to "
                                   "GET / within 1s")
@@ -181,7 +181,7 @@ def test_a_server_that_does_not_answer_is_one_line_after_the_timeout(env: dict) 
 def test_a_closed_port_is_one_line_naming_host_and_port(env: dict) -> None:
     closed = free_port()
     with endpoint_for(env["entry"], at=(BIND, closed)) as endpoint, \
-            pytest.raises(HostUnreachable) as err:
+            pytest.raises(Unreachable) as err:
         endpoint.request("GET", "/")
     message = str(err.value)
     assert message == (f"{env['host'].name}: cannot reach {BIND}:{closed} from the host "
@@ -240,7 +240,7 @@ def test_an_sshd_that_does_not_forward_refuses_the_request(fresh_host: TestHost,
         "identity_file": str(fresh_host.client_key),
         "roles": {"router": {"port": port, "host": BIND}}}})
     with endpoint_for(inv.load(path).hosts[fresh_host.name]) as endpoint, \
-            pytest.raises(HostUnreachable) as err:
+            pytest.raises(Unreachable) as err:
         endpoint.request("GET", "/")
     assert str(err.value) == (f"{fresh_host.name}: cannot reach {BIND}:{port} from the host "
                               "through ssh (the host's sshd does not forward there "

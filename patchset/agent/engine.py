@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from . import bounded, gitobjects, safewrite, staleness
+from . import bounded, diffparse, gitobjects, safewrite, staleness
 from .gitenv import git_env
 from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
@@ -445,8 +445,6 @@ NO_EOL = b"\\ No newline at end of file"
 _PATH = rb"[A-Za-z0-9_.+@-][A-Za-z0-9_.+@/-]*"
 _GIT_HEADER = re.compile(rb"diff --git a/(" + _PATH + rb") b/(" + _PATH + rb")")
 _INDEX = re.compile(rb"index [0-9a-f]{7,64}\.\.[0-9a-f]{7,64}(?: 100644| 100755)?")
-_HUNK_HEADER = re.compile(rb"@@ -([0-9]{1,9})(?:,([0-9]{1,9}))? "
-                          rb"\+([0-9]{1,9})(?:,([0-9]{1,9}))? @@.*", re.S)
 _KIND = {b"new file mode 100644": "new", b"new file mode 100755": "new",
          b"deleted file mode 100644": "delete", b"deleted file mode 100755": "delete"}
 
@@ -486,52 +484,54 @@ def exact_apply(data: bytes, work: Path, paths: set[str]) -> dict[str, bytes | N
 def parse_patch(data: bytes) -> list[FilePatch]:
     """A git diff of text files (modified, new or deleted, modes 100644/100755 kept) after
     any header text; Inexact for anything else: binary, rename, copy, mode change, quoted
-    or odd paths, hunks git reads differently (empty context lines, no change)."""
+    or odd paths, hunks git reads differently (empty context lines, no change). The
+    structure is the one diff parser's (diffparse.py); these are the applier's rules."""
     if b"\0" in data or not data.endswith(b"\n"):
         raise Inexact("NUL byte or no final newline")
-    lines = data[:-1].split(b"\n")
-    at, files = _diff_start(lines), []
-    while at < len(lines):
-        section, at = _parse_section(lines, at)
-        files.append(section)
-    return files
+    text = data.decode("utf-8", "surrogateescape")        # lossless, back to bytes below
+    try:
+        files = diffparse.parse(text[_diff_start(text):])
+    except diffparse.DiffError as exc:
+        raise Inexact(str(exc)) from None
+    return [_file_patch(f) for f in files]
 
 
-def _diff_start(lines: list[bytes]) -> int:
-    """The first `diff --git` line; a line before it that git could read as a diff of
-    its own (`--- `, `+++ `, `@@ -`) is git's to judge."""
-    for at, line in enumerate(lines):
-        if line.startswith(b"diff --git "):
+def _diff_start(text: str) -> int:
+    """The offset of the first `diff --git` line; a line before it that git could read
+    as a diff of its own (`--- `, `+++ `, `@@ -`) is git's to judge."""
+    at = 0
+    for line in text.split("\n"):
+        if line.startswith("diff --git "):
             return at
-        if line.startswith((b"--- ", b"+++ ", b"@@ -")):
+        if line.startswith(("--- ", "+++ ", "@@ -")):
             raise Inexact("diff lines before the first diff --git")
+        at += len(line) + 1
     raise Inexact("no diff --git section")
 
 
-def _parse_section(lines: list[bytes], at: int) -> tuple[FilePatch, int]:
-    match = _GIT_HEADER.fullmatch(lines[at])
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _file_patch(f: diffparse.FileDiff) -> FilePatch:
+    match = _GIT_HEADER.fullmatch(_bytes(f.header[0]))
     if not match or match[1] != match[2] or not _plain_path(match[1].decode()):
         raise Inexact("not a plain a/PATH b/PATH header")
-    at, kind, index = at + 1, "modify", False
-    while at < len(lines) and not lines[at].startswith(b"--- "):
-        if _INDEX.fullmatch(lines[at]) and not index:
+    kind, index = "modify", False
+    for line in map(_bytes, f.header[1:]):
+        if _INDEX.fullmatch(line) and not index:
             index = True
-        elif lines[at] in _KIND and kind == "modify":
-            kind = _KIND[lines[at]]
+        elif line in _KIND and kind == "modify":
+            kind = _KIND[line]
         else:
             raise Inexact("an extended header line the exact applier does not take")
-        at += 1
     old = b"/dev/null" if kind == "new" else b"a/" + match[1]
     new = b"/dev/null" if kind == "delete" else b"b/" + match[1]
-    if lines[at:at + 2] != [b"--- " + old, b"+++ " + new]:
+    if f.source is None or (_bytes(f.source), _bytes(f.target or "")) != (old, new):
         raise Inexact("---/+++ lines do not match the header")
-    at, hunks = at + 2, []
-    while at < len(lines) and lines[at].startswith(b"@@ -"):
-        hunk, at = _parse_hunk(lines, at)
-        hunks.append(hunk)
-    if not hunks or (at < len(lines) and not lines[at].startswith(b"diff --git ")):
-        raise Inexact("no hunk, or text after the hunks")
-    return FilePatch(match[1].decode(), kind, hunks), at
+    if not f.hunks:
+        raise Inexact("no hunk")
+    return FilePatch(match[1].decode(), kind, [_exact_hunk(h) for h in f.hunks])
 
 
 def _plain_path(path: str) -> bool:
@@ -539,33 +539,18 @@ def _plain_path(path: str) -> bool:
     return not any(p in ("", ".", "..") or p.lower() == ".git" for p in parts)
 
 
-def _parse_hunk(lines: list[bytes], at: int) -> tuple[Hunk, int]:
-    """One hunk: its header's counts say how many lines it has; `\\ No newline at end of
-    file` takes the newline off the line before it (git's plen--)."""
-    match = _HUNK_HEADER.fullmatch(lines[at])
-    if not match:
-        raise Inexact("hunk header")
-    old_left, new_left = (1 if n is None else int(n) for n in (match[2], match[4]))
+def _exact_hunk(hunk: diffparse.Hunk) -> Hunk:
+    """`\\ No newline at end of file` takes the newline off the line before it (git's
+    plen--)."""
     body: list[tuple[bytes, bytes]] = []           # (sign, line with its newline)
-    at += 1
-    while old_left or new_left:
-        line = lines[at] if at < len(lines) else b""
-        sign = line[:1]
-        if sign == b"\\":
-            _no_eol(body, line)
-        elif sign in (b" ", b"-", b"+"):
-            old_left -= sign != b"+"
-            new_left -= sign != b"-"
-            if old_left < 0 or new_left < 0:
-                raise Inexact("more lines than the hunk header counts")
-            body.append((sign, line[1:] + b"\n"))
+    for sign, text in hunk.lines:
+        if sign == "\\":
+            _no_eol(body, _bytes(sign + text))
+        elif sign in (" ", "-", "+"):
+            body.append((sign.encode(), _bytes(text) + b"\n"))
         else:
             raise Inexact("a line that is not context, - or +")
-        at += 1
-    if at < len(lines) and lines[at].startswith(b"\\"):
-        _no_eol(body, lines[at])
-        at += 1
-    return _hunk(int(match[1]), int(match[3]), body), at
+    return _hunk(hunk.old_start, hunk.new_start, body)
 
 
 def _no_eol(body: list[tuple[bytes, bytes]], line: bytes) -> None:

@@ -73,10 +73,18 @@ class Gatherer:
         if not self.req.get("tree"):
             return None
         cmd = tree.TreeStatus().command(tree=self.req["tree"])
-        return self.r.engine(cmd, {"op": "status", "target": self.req["tree"],
-                                   "git_prefix": self.req.get("git_prefix", "python/"),
-                                   "package": self.req.get("package", "sglang"),
-                                   "python": self.req.get("python")})
+        request = {"op": "status", "target": self.req["tree"],
+                   "git_prefix": self.req.get("git_prefix", "python/"),
+                   "package": self.req.get("package", "sglang"),
+                   "python": self.req.get("python")}
+        start = time.monotonic()
+        try:
+            # Here, not in runner.py: the engine reads units through runner (no import loop).
+            from . import engine
+            result = engine.run(request)
+        except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
+            return self.r.record(cmd, start, error=f"engine status failed: {exc}")
+        return self.r.record(cmd, start, exit_code=0, data=self.red.value(result))
 
     def units(self, raw: dict) -> dict:
         pattern = self.req.get("unit_pattern", systemd.UNIT_PATTERN)

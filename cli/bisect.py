@@ -3,9 +3,6 @@ until the probe flips; the host always ends as it started (the library: isolate/
 which also holds the recovery by which the next apply/revert/deploy finishes the restore
 of a bisect whose run is gone)."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why); a name imported only for type checking is quoted.
-
 from pathlib import Path
 from typing import Optional
 

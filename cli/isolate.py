@@ -2,9 +2,6 @@
 (export the series for other tools, import patches authored elsewhere, capture hand edits
 from a host)."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why); a name imported only for type checking is quoted.
-
 from pathlib import Path
 from typing import Optional
 

@@ -1,9 +1,6 @@
 """The patch-queue commands: list, show, check, plan, apply, revert, status, provision
 (and the unit side of apply --restart and status)."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why); a name imported only for type checking is quoted.
-
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional

@@ -1,9 +1,6 @@
 """`patchset rebase --onto REF`: move the series to another upstream release (the library
 does the work: patchset/rebase.py); this renders the per-patch outcomes."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why); a name imported only for type checking is quoted.
-
 from pathlib import Path
 from typing import Optional
 

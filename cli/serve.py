@@ -1,8 +1,5 @@
 """The serve command: the audit as a Prometheus exporter (auditor/exporter.py)."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why).
-
 from pathlib import Path
 from typing import List, Optional
 

@@ -1,8 +1,5 @@
 """The serving command: deploy (systemd units)."""
 
-# No `from __future__ import annotations` in a command module (cli/__init__.py
-# says why); a name imported only for type checking is quoted.
-
 from pathlib import Path
 from typing import List, Optional
 

@@ -63,7 +63,7 @@ def _metavar(param) -> str:
 
 def cli_page() -> str:
     from patchset.cli.app import command_tree
-    group = command_tree([])
+    group = command_tree()
     lines = [HEADER, "# Command reference\n\n",
              "Every command, as `patchset CMD --help` describes it. Options that take a "
              "value show its kind; a blank default means none.\n"]

@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import callpath
+from . import callpath, patchfile
 from .agent import bounded
-from .errors import UpstreamError
+from .agent.engine import EngineError, git_apply
+from .errors import ManifestError, UpstreamError
 from .model import Patch, Series, UpstreamPin
 from .upstream import BaseTree, cache_root, provision, tree_files
 
@@ -146,16 +147,14 @@ def derive(series: Series, base: BaseTree) -> dict[str, PatchGuards]:
 def derive_texts(tree: callpath.SourceTree, items: Iterable[tuple[str, str, Any]],
                  git_prefix: str) -> dict[str, PatchGuards]:
     """derive() of (name, patch text, manifest trace entries) in order on `tree`; a patch
-    that does not apply exactly on the tree so far gets no guards and a note."""
-    from .agent import engine, tracetargets
+    that `git apply` refuses on the tree so far gets no guards and a note."""
+    from .agent import tracetargets
     defaults = callpath.read_defaults(tree)
     out: dict[str, PatchGuards] = {}
     for name, text, declared in items:
         try:          # the files the server runs (callpath.SCOPE); the rest has no guards
-            files = [(f.path, tree.files.get(f.path), engine.apply_bytes(
-                _bytes(tree.files.get(f.path)), f)) for f in engine.parse_patch(text.encode())
-                if callpath.in_scope(tree.root, f.path)]
-        except engine.Inexact as exc:
+            files = post_images(tree, text)
+        except (ManifestError, EngineError) as exc:
             out[name] = PatchGuards(name, (), (f"does not apply on the tree here ({exc}): "
                                                "no guards derived",))
             continue
@@ -171,6 +170,26 @@ def derive_texts(tree: callpath.SourceTree, items: Iterable[tuple[str, str, Any]
         out[name] = PatchGuards(name, _flatten(conditions), tuple(notes),
                                 tuple(dict.fromkeys(f"{t.module}:{t.qualname}" for t in found)))
     return out
+
+
+def post_images(tree: callpath.SourceTree, text: str
+                ) -> list[tuple[str, str | None, bytes | None]]:
+    """(path, before, after; None: no such file) of each file the patch `text` changes
+    that the server runs (callpath.SCOPE), by `git apply` on copies of them from `tree`."""
+    paths = [c.path for c in patchfile.parse_diff(text, "patch", 0, "")
+             if callpath.in_scope(tree.root, c.path)]
+    if not paths:
+        return []
+    with tempfile.TemporaryDirectory(prefix="patchset-guards-") as scratch:
+        work = Path(scratch) / "work"
+        work.mkdir()
+        for path in paths:
+            if tree.files.get(path) is not None:
+                (work / path).parent.mkdir(parents=True, exist_ok=True)
+                (work / path).write_bytes(tree.files[path].encode("utf-8"))
+        git_apply(work, text.encode("utf-8"), Path(scratch), include=paths)
+        return [(p, tree.files.get(p), (work / p).read_bytes() if (work / p).is_file()
+                 else None) for p in paths]
 
 
 def _flatten(conditions: list[callpath.Condition]) -> tuple[Guard, ...]:

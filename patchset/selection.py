@@ -58,8 +58,7 @@ def parse_names(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
 def list_patches(series: Series, tier: str | None = None, path: str | None = None) -> list[Patch]:
     """`list`: the patches --tier/--path keep, series order. A listing, not a selection:
     two patches that conflict are both listed (`check` passes such a series; `plan` and
-    `apply` refuse taking both). Here, not in api.py, which `list` would otherwise import
-    for this one call (7 ms of its start)."""
+    `apply` refuse taking both)."""
     return list(_resolve(series, Selection(tier=tier, path=path)).patches)
 
 

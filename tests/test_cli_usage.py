@@ -110,8 +110,7 @@ def test_every_float_option_is_checked_for_a_finite_range() -> None:
     that refuses it, so no command can take one unchecked."""
     import typer.main
 
-    from patchset.cli.app import app, register_commands
-    register_commands()                                # every command module
+    from patchset.cli.app import app
     root = typer.main.get_command(app)                 # click's classes: whichever typer ships
     commands = [root] + list(getattr(root, "commands", {}).values())
     floats = [(cmd.name, p.name, p.callback) for cmd in commands for p in cmd.params
@@ -194,35 +193,12 @@ def _panels(text: str) -> dict[str, list[str]]:
             current.append(line.strip("│ "))
     return panels
 
-def test_each_command_is_registered_by_the_module_the_table_names() -> None:
-    """`patchset CMD` imports only CMD's module (app.COMMAND_MODULES): a command missing
-    from the table, or named under the wrong module, would be unknown to a process that
-    runs it. Fresh processes: the modules a test process imported before would hide a
-    command that only another module registers."""
-    from patchset.cli.app import COMMAND_MODULES
-    listed = {name for names in COMMAND_MODULES.values() for name in names}
-    code = ("import sys, typer.main; from patchset.cli import app, register_commands; "
-            "register_commands(sys.argv[1]); "
-            "print(' '.join(typer.main.get_command_name(i.callback.__name__) if not i.name "
-            "else i.name for i in app.registered_commands))")
-    for module, names in COMMAND_MODULES.items():
-        for name in names:
-            proc = subprocess.run([sys.executable, "-c", code, name], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=60, check=True)
-            assert proc.stdout.split() == list(names), (module, name, proc.stdout)
-    proc = subprocess.run([sys.executable, "-c", code, "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=True)
-    assert proc.stdout.split() == [n for names in COMMAND_MODULES.values() for n in names]
-    assert len(listed) == len(proc.stdout.split())
-
-
 def test_help_texts_read_as_paragraphs(tmp_path: Path) -> None:
     """At a width nothing needs wrapping (COLUMNS=1000) every command, option and argument
     is one row and every description one line: a help text has no line break of its own
     mid-sentence (docstrings wrapped in the source are joined, cli/app.py)."""
     import typer.main
-    from patchset.cli import app, register_commands
-    register_commands()
+    from patchset.cli import app
     group = typer.main.get_command(app)
     names = list(group.commands)
     wide = {**os.environ, "COLUMNS": "1000"}

@@ -107,20 +107,3 @@ def test_the_agent_ships_it_and_nothing_imports_unidiff() -> None:
                for p in (ROOT / top).rglob("*.py")]
     assert [p for p in product if "unidiff" in p.read_text("utf-8")] == []
     assert "unidiff" not in (ROOT / "pyproject.toml").read_text()
-
-
-@pytest.mark.parametrize("name", sorted(SOURCES))
-def test_the_engine_reads_its_patches_through_it(name: str) -> None:
-    """The agent's exact applier (engine.parse_patch) builds on the same parse: the same
-    files and hunk starts; an empty context line, which git reads but does not write, is
-    the applier's to refuse (it goes to `git apply`)."""
-    from patchset.agent import engine
-    data = SOURCES[name].read_bytes()
-    assert [(f.path, [(h.old, h.new) for h in f.hunks]) for f in engine.parse_patch(data)] \
-        == [(f.path, [(h.old_start, h.new_start) for h in f.hunks])
-            for f in diffparse.parse(_diff(name))]
-    hunk = data.index(b"\n@@ ")
-    emptied = data[:hunk] + data[hunk:].replace(b"\n ", b"\n\n", 1)
-    assert emptied != data and len(diffparse.parse(_diff(name))) == len(BEFORE[name])
-    with pytest.raises(engine.Inexact):
-        engine.parse_patch(emptied)

@@ -35,7 +35,7 @@ def test_the_generated_pages_list_every_command_check_and_code() -> None:
     from patchset.cli.app import command_tree
     from patchset.errors import Exit
     cli = (ROOT / "docs/reference/cli.md").read_text()
-    assert all(f"## `patchset {name}`" in cli for name in command_tree([]).commands)
+    assert all(f"## `patchset {name}`" in cli for name in command_tree().commands)
     checks = (ROOT / "docs/reference/checks.md").read_text()
     assert all(f"| `{m.ID}` |" in checks for m in CHECKS)
     codes = (ROOT / "docs/reference/exit-codes.md").read_text()

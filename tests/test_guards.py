@@ -283,9 +283,8 @@ def shipped(pinned_base):
 
 
 def post_images(tree: callpath.SourceTree, patch: Path) -> dict[str, str]:
-    from patchset.agent import engine
-    return {f.path: engine.apply_bytes(tree.files[f.path].encode(), f).decode()
-            for f in engine.parse_patch(patch.read_bytes())}
+    images = guards.post_images(tree, patch.read_text())
+    return {path: after.decode() for path, _, after in images if after is not None}
 
 
 def listing(derived: dict[str, PatchGuards], name: str) -> str:

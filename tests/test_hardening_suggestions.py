@@ -24,7 +24,7 @@ from test_audit_observed import traced
 
 from patchset.auditor import api
 from patchset.cli import main
-from patchset.cli.app import app, command_name, register_commands
+from patchset.cli.app import command_tree
 
 CLAMP = "nvfp4-cutlass-swiglu-clamp"
 README = Path(__file__).resolve().parent.parent / "docs" / "howto" / "commands.md"
@@ -42,8 +42,7 @@ def not_reading_the_series() -> set[str]:
 
 
 def all_commands() -> list[str]:
-    register_commands()
-    return [command_name(info) for info in app.registered_commands]
+    return list(command_tree().commands)
 
 
 def help_of(capsys, command: str) -> str:

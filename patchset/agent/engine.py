@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from . import bounded, diffparse, gitobjects, safewrite, staleness
+from . import bounded, safewrite, staleness
 from .gitenv import git_env
 from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
@@ -111,8 +111,8 @@ def git(cwd: Path, *args: str, data: bytes | None = None,
     return proc.stdout.decode(errors="replace")
 
 
-GIT_PATHS = ("rev-parse", "--git-path", "objects", "--git-path", "info/exclude",
-             "--show-object-format", "--git-dir", "--git-common-dir")
+GIT_PATHS = ("rev-parse", "--git-path", "info/exclude", "--show-object-format", "--git-dir",
+             "--git-common-dir")
 
 
 # ---------------------------------------------------------------- the target
@@ -130,8 +130,6 @@ class Target:
         self.layout = self._layout(root, package)
         self.meta = self.root / META
         self._git_paths: dict[str, Any] | None = None
-        self._head: str | None = None           # HEAD as this operation last read or set it
-        self._tree: tuple[str, dict[str, gitobjects.Entry | None]] | None = None
         self.recovered: dict | None = None      # what this operation's recover() did
 
     def _layout(self, root: str, package: str) -> str:
@@ -212,68 +210,16 @@ class Target:
         return blob
 
     def git_paths(self) -> dict[str, Any]:
-        """Where this checkout keeps objects and excludes, and its hash: asked once (a
-        linked worktree or GIT_OBJECT_DIRECTORY puts them elsewhere than .git/)."""
+        """Where this checkout keeps its excludes and git directories, and its hash: asked
+        once (a linked worktree puts them elsewhere than .git/)."""
         if self._git_paths is None:
-            self._rev_parse()
-        if self._git_paths is None:             # HEAD did not resolve: the paths alone
-            self._set_git_paths(git(self.root, *GIT_PATHS).splitlines())
+            exclude, algorithm, git_dir, common = git(self.root, *GIT_PATHS).splitlines()[:4]
+            self._git_paths = {"exclude": self.root / exclude, "algorithm": algorithm,
+                               "git_dir": self.root / git_dir, "common_dir": self.root / common}
         return self._git_paths
 
-    def _rev_parse(self) -> None:
-        """The git paths and HEAD in one `git rev-parse` (an apply needs both, and each git
-        process costs more than what it answers). Where HEAD does not resolve (an unborn
-        branch) nothing is kept: git_paths() and head() then ask alone, as they did."""
-        proc = subprocess.run(["git", *GIT_PATHS, "HEAD"], cwd=self.root,
-                              capture_output=True, env=git_env())
-        lines = proc.stdout.decode(errors="replace").splitlines()
-        if proc.returncode == 0 and len(lines) == 6:
-            self._set_git_paths(lines)
-            self._head = lines[5].strip()
-
-    def _set_git_paths(self, lines: list[str]) -> None:
-        objects, exclude, algorithm, git_dir, common = lines[:5]
-        self._git_paths = {"objects": self.root / objects, "exclude": self.root / exclude,
-                           "algorithm": algorithm, "git_dir": self.root / git_dir,
-                           "common_dir": self.root / common}
-
-    def repository(self) -> gitobjects.Repository:
-        paths = self.git_paths()
-        return gitobjects.Repository(paths["objects"], paths["algorithm"],
-                                     gitobjects.cat_file_batch(self.root, git_env()))
-
     def head(self) -> str | None:
-        """HEAD, read once per operation: the tree is locked and only this operation's
-        switch moves HEAD (it says so with moved_head); recovery reads it afresh
-        (forget_head), as a kill may have left it old or new."""
-        if not self.is_git:
-            return None
-        if self._head is None and self._git_paths is None:
-            self._rev_parse()
-        if self._head is None:
-            self._head = git(self.root, "rev-parse", "HEAD").strip()
-        return self._head
-
-    def moved_head(self, commit: str) -> None:
-        """This operation's update-ref moved HEAD to `commit` (git checked the old value)."""
-        self._head = commit
-
-    def forget_head(self) -> None:
-        self._head = None
-
-    def know_tree(self, commit: str, entries: dict[str, gitobjects.Entry | None]) -> None:
-        """The (mode, id) at `commit` of the paths a transaction writes, from the trees
-        this operation wrote for that commit (write_commits): reset_index's answer
-        without a `git ls-tree`."""
-        self._tree = (commit, entries)
-
-    def known_entries(self, commit: str,
-                      paths: list[str]) -> dict[str, gitobjects.Entry | None] | None:
-        """know_tree's entries of `paths` at `commit`, or None where one is not known."""
-        if self._tree is None or self._tree[0] != commit:
-            return None
-        known = self._tree[1]
-        return {p: known[p] for p in paths} if all(p in known for p in paths) else None
+        return git(self.root, "rev-parse", "HEAD").strip() if self.is_git else None
 
     @contextlib.contextmanager
     def lock(self, wait: float, op: str, read_only: bool = False) -> Iterator[None]:
@@ -363,8 +309,7 @@ def git_dirty(target: Target, paths: list[str] | None = None) -> list[str]:
     spec = ["--", *target.disk_paths(paths)] if paths is not None else []
     if paths is not None and not paths:
         return []
-    # No optional locks: a status that rewrites the whole index to cache its stats cost
-    # 17 ms of an apply; the index is the switch's to write.
+    # No optional locks: status writes nothing (the index is the switch's to write).
     out = git(target.root, "status", "--porcelain=v1", "--untracked-files=no", *spec,
               env={**LITERAL, "GIT_OPTIONAL_LOCKS": "0"})
     return [line[3:] for line in out.splitlines() if line.strip()]
@@ -430,211 +375,6 @@ def verify_base(target: Target, base_files: dict[str, str | None]) -> None:
                               "(provision the pinned upstream or point --target at it)")
 
 
-# ---------------------------------------------------------------- the exact applier
-#
-# `git apply` was a process per patch, six of an apply's seventeen. Nearly every patch is
-# the easy case: text hunks that match, byte for byte, at the line where git looks first.
-# exact_apply() does those here and gives up on anything else, which goes to `git apply`
-# as before (its error is the one a user sees). Safe because Staging.apply checks every
-# file's pre-image blob id before a patch and its post-image id after it: a hunk put in
-# the wrong place cannot pass. The rules follow git's apply.c (apply_one_fragment,
-# find_pos, match_fragment), keeping only the first position find_pos tries: no offset,
-# no fuzz, no whitespace rules, each hunk on lines no earlier hunk of the file wrote.
-
-NO_EOL = b"\\ No newline at end of file"
-_PATH = rb"[A-Za-z0-9_.+@-][A-Za-z0-9_.+@/-]*"
-_GIT_HEADER = re.compile(rb"diff --git a/(" + _PATH + rb") b/(" + _PATH + rb")")
-_INDEX = re.compile(rb"index [0-9a-f]{7,64}\.\.[0-9a-f]{7,64}(?: 100644| 100755)?")
-_KIND = {b"new file mode 100644": "new", b"new file mode 100755": "new",
-         b"deleted file mode 100644": "delete", b"deleted file mode 100755": "delete"}
-
-
-class Inexact(Exception):
-    """Not a patch the exact applier takes: `git apply` gets it."""
-
-
-class Hunk(NamedTuple):
-    old: int                  # the header's old start line
-    new: int                  # the header's new start line
-    pre: list[bytes]          # the lines it replaces (context and -), newline included
-    post: list[bytes]         # the lines it puts there (context and +)
-    trailing: int             # context lines after its last change
-
-
-class FilePatch(NamedTuple):
-    path: str                 # git layout, a/ and b/ stripped (-p1)
-    kind: str                 # "modify", "new" or "delete"
-    hunks: list[Hunk]
-
-
-def exact_apply(data: bytes, work: Path, paths: set[str]) -> dict[str, bytes | None] | None:
-    """What the patch `data` makes of the files under `work`: {path: content, None where
-    it deletes the file}, if it is a plain text patch of exactly `paths` whose every hunk
-    matches exactly where `git apply` first tries it (so git would put it there too);
-    else None. Reads the files, writes nothing."""
-    try:
-        files = parse_patch(data)
-        if len({f.path for f in files}) != len(files) or {f.path for f in files} != paths:
-            raise Inexact("not each of the patch's recorded files once")
-        return {f.path: _apply_file(work / f.path, f) for f in files}
-    except Inexact:
-        return None
-
-
-def parse_patch(data: bytes) -> list[FilePatch]:
-    """A git diff of text files (modified, new or deleted, modes 100644/100755 kept) after
-    any header text; Inexact for anything else: binary, rename, copy, mode change, quoted
-    or odd paths, hunks git reads differently (empty context lines, no change). The
-    structure is the one diff parser's (diffparse.py); these are the applier's rules."""
-    if b"\0" in data or not data.endswith(b"\n"):
-        raise Inexact("NUL byte or no final newline")
-    text = data.decode("utf-8", "surrogateescape")        # lossless, back to bytes below
-    try:
-        files = diffparse.parse(text[_diff_start(text):])
-    except diffparse.DiffError as exc:
-        raise Inexact(str(exc)) from None
-    return [_file_patch(f) for f in files]
-
-
-def _diff_start(text: str) -> int:
-    """The offset of the first `diff --git` line; a line before it that git could read
-    as a diff of its own (`--- `, `+++ `, `@@ -`) is git's to judge."""
-    at = 0
-    for line in text.split("\n"):
-        if line.startswith("diff --git "):
-            return at
-        if line.startswith(("--- ", "+++ ", "@@ -")):
-            raise Inexact("diff lines before the first diff --git")
-        at += len(line) + 1
-    raise Inexact("no diff --git section")
-
-
-def _bytes(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
-
-
-def _file_patch(f: diffparse.FileDiff) -> FilePatch:
-    match = _GIT_HEADER.fullmatch(_bytes(f.header[0]))
-    if not match or match[1] != match[2] or not _plain_path(match[1].decode()):
-        raise Inexact("not a plain a/PATH b/PATH header")
-    kind, index = "modify", False
-    for line in map(_bytes, f.header[1:]):
-        if _INDEX.fullmatch(line) and not index:
-            index = True
-        elif line in _KIND and kind == "modify":
-            kind = _KIND[line]
-        else:
-            raise Inexact("an extended header line the exact applier does not take")
-    old = b"/dev/null" if kind == "new" else b"a/" + match[1]
-    new = b"/dev/null" if kind == "delete" else b"b/" + match[1]
-    if f.source is None or (_bytes(f.source), _bytes(f.target or "")) != (old, new):
-        raise Inexact("---/+++ lines do not match the header")
-    if not f.hunks:
-        raise Inexact("no hunk")
-    return FilePatch(match[1].decode(), kind, [_exact_hunk(h) for h in f.hunks])
-
-
-def _plain_path(path: str) -> bool:
-    parts = path.split("/")
-    return not any(p in ("", ".", "..") or p.lower() == ".git" for p in parts)
-
-
-def _exact_hunk(hunk: diffparse.Hunk) -> Hunk:
-    """`\\ No newline at end of file` takes the newline off the line before it (git's
-    plen--)."""
-    body: list[tuple[bytes, bytes]] = []           # (sign, line with its newline)
-    for sign, text in hunk.lines:
-        if sign == "\\":
-            _no_eol(body, _bytes(sign + text))
-        elif sign in (" ", "-", "+"):
-            body.append((sign.encode(), _bytes(text) + b"\n"))
-        else:
-            raise Inexact("a line that is not context, - or +")
-    return _hunk(hunk.old_start, hunk.new_start, body)
-
-
-def _no_eol(body: list[tuple[bytes, bytes]], line: bytes) -> None:
-    if line != NO_EOL or not body or not body[-1][1].endswith(b"\n"):
-        raise Inexact("a backslash line that is not one no-newline mark")
-    sign, text = body[-1]
-    body[-1] = (sign, text[:-1])
-
-
-def _hunk(old: int, new: int, body: list[tuple[bytes, bytes]]) -> Hunk:
-    if all(sign == b" " for sign, _ in body):
-        raise Inexact("a hunk that changes nothing")         # git refuses it
-    pre = [text for sign, text in body if sign != b"+"]
-    post = [text for sign, text in body if sign != b"-"]
-    if any(not text.endswith(b"\n") for text in pre[:-1] + post[:-1]):
-        raise Inexact("a no-newline mark before the last line")
-    trailing = 0
-    while trailing < len(body) and body[-1 - trailing][0] == b" ":
-        trailing += 1
-    return Hunk(old, new, pre, post, trailing)
-
-
-def _apply_file(file: Path, patch: FilePatch) -> bytes | None:
-    return apply_bytes(_read_regular(file), patch)
-
-
-def apply_bytes(old: bytes | None, patch: FilePatch) -> bytes | None:
-    """What `patch` makes of the file content `old` (None: absent), exactly as the exact
-    applier puts it in a tree; Inexact where it does not apply there exactly. Pure: the
-    call-path guards (patchset/guards.py) rebuild post-images in memory with it."""
-    if (old is None) != (patch.kind == "new"):
-        raise Inexact("the file is there to create, or missing to change")
-    image = split_lines(old or b"")
-    patched = [False] * len(image)
-    for hunk in patch.hunks:
-        _apply_hunk(image, patched, hunk)
-    result = b"".join(image)
-    if patch.kind == "delete":
-        if result:
-            raise Inexact("a deletion that leaves content")    # git refuses it
-        return None
-    if not result:
-        raise Inexact("a file left empty, not deleted")        # git warns: its case
-    return result
-
-
-def _read_regular(file: Path) -> bytes | None:
-    """The file's bytes; None if absent; Inexact for a link or anything not a file."""
-    try:
-        if not stat.S_ISREG(os.lstat(file).st_mode):
-            raise Inexact("not a regular file")
-        return file.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        raise Inexact("unreadable") from None
-
-
-def split_lines(data: bytes) -> list[bytes]:
-    """Lines as git's prepare_image cuts them: at "\\n" only (not "\\r"), newline kept,
-    the last one without it if the data does not end in one."""
-    lines = [line + b"\n" for line in data.split(b"\n")]
-    lines[-1] = lines[-1][:-1]
-    return lines if lines[-1] else lines[:-1]
-
-
-def _apply_hunk(image: list[bytes], patched: list[bool], hunk: Hunk) -> None:
-    """Put `hunk` where git's find_pos tries first, if it matches there exactly: a hunk
-    from line 0 or 1 matches at the start (match_beginning), one with no trailing context
-    at the end (match_end), any other at its new start line (the lines before it are
-    already patched); a line an earlier hunk wrote is never matched (LINE_PATCHED)."""
-    at_start, at_end = hunk.old <= 1, hunk.trailing == 0
-    line = 0 if at_start else len(image) - len(hunk.pre) if at_end else max(hunk.new - 1, 0)
-    if not 0 <= line <= len(image):
-        line = len(image)
-    end = line + len(hunk.pre)
-    if end > len(image) or (at_end and end != len(image)):
-        raise Inexact("the hunk does not fit there")
-    if any(patched[line:end]) or image[line:end] != hunk.pre:
-        raise Inexact("the hunk does not match there exactly")
-    image[line:end] = hunk.post
-    patched[line:end] = [True] * len(hunk.post)
-
-
 # ---------------------------------------------------------------- building the result
 
 class Staging:
@@ -672,46 +412,19 @@ class Staging:
         return self.target.read_blob(blob)
 
     def apply(self, spec: dict, patch_file: Path) -> list[tuple[str, bytes | None]]:
-        """Apply one patch, all or nothing (exactly in Python where it can, else by git
-        apply); return its files after. The blob checks either side are what make the
-        Python path safe: they hold for both."""
+        """Apply one patch with `git apply`, all or nothing; return its files after. The
+        pre-image blob ids are checked before and the post-image ids after, so the result
+        is exactly what the patch recorded (zero fuzz, no offset can change it)."""
         for change in spec["files"]:
             self._expect(spec["name"], change["path"], change["pre"], "pre-image")
-        if not self._apply_exact(spec, patch_file):
-            self._git_apply(spec, patch_file)
+        try:
+            git_apply(self.work, patch_file.read_bytes(), self.dir)
+        except EngineError as exc:
+            raise EngineError(f"patch {spec['name']} does not apply on the base with the "
+                              f"patches before it: {exc}", "target") from None
         for change in spec["files"]:
             self._expect(spec["name"], change["path"], change["post"], "post-image")
         return [(c["path"], self.content(c["path"])) for c in spec["files"]]
-
-    def _apply_exact(self, spec: dict, patch_file: Path) -> bool:
-        """exact_apply's result written as git apply writes it (a deleted file's emptied
-        directories go too); False where it is git's patch. The staged files' modes are
-        not kept (nothing reads them: the switch keeps each file's own)."""
-        files = exact_apply(patch_file.read_bytes(), self.work,
-                            {c["path"] for c in spec["files"]})
-        if files is None:
-            return False
-        for path, data in files.items():
-            dest = self.work / path
-            if data is None:
-                dest.unlink()
-                _remove_empty_dirs(dest.parent, self.work)
-            else:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(data)
-        return True
-
-    def _git_apply(self, spec: dict, patch_file: Path) -> None:
-        env = {"GIT_CEILING_DIRECTORIES": str(self.dir)}
-        try:
-            git(self.work, "apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve()),
-                env=env)
-        except EngineError as exc:
-            why = "; ".join(re.sub(r"^error: ", "", line.strip())
-                            for line in exc.details.splitlines() if line.strip())
-            raise EngineError(f"patch {spec['name']} does not apply on the base with the "
-                              f"patches before it: {why or 'git apply failed'}",
-                              "target") from None   # git's reason is in the one line
 
     def _expect(self, name: str, path: str, blob: str | None, what: str) -> None:
         """Full 40-hex ids in the message: a 12-hex prefix can be the same for both."""
@@ -728,14 +441,19 @@ class Staging:
         return file.read_bytes() if file.is_file() else None
 
 
-def _remove_empty_dirs(directory: Path, top: Path) -> None:
-    """As git's remove_path: the deleted file's directories, while empty, up to `top`."""
-    while directory != top:
-        try:
-            directory.rmdir()
-        except OSError:
-            return
-        directory = directory.parent
+def git_apply(work: Path, patch: bytes, ceiling: Path, include: list[str] | None = None) -> None:
+    """`git apply` of `patch` (-p1) to the files under `work`, outside any repository:
+    GIT_CEILING_DIRECTORIES (`ceiling`, above `work`) keeps git from finding the target's
+    own repository around it. `include`: only these paths of the patch (the rest is not
+    read). EngineError carries git's reason in one line."""
+    only = [f"--include={path}" for path in include or ()]
+    try:
+        git(work, "apply", "--whitespace=nowarn", "-p1", *only, "-", data=patch,
+            env={"GIT_CEILING_DIRECTORIES": str(ceiling)})
+    except EngineError as exc:        # git's reason, else how it ended (a kill)
+        raise EngineError("; ".join(re.sub(r"^error: ", "", line.strip())
+                                    for line in exc.details.splitlines() if line.strip())
+                          or str(exc)) from None
 
 
 Step = list[tuple[str, "bytes | None"]]   # one patch's files after it: (path, content)
@@ -771,32 +489,52 @@ def check_patch_file(spec: dict, bundle: Path) -> None:
 
 def write_commits(target: Target, base_commit: str, desired: list[dict],
                   steps: list[Step]) -> list[str]:
-    """One deterministic commit per patch, written as loose objects (work tree, index and
-    refs untouched until the switch): same base + same patches = same commit ids on every
-    machine, the ids `git fast-import` gave them before."""
+    """One deterministic commit per patch, written by one `git fast-import` (the work tree,
+    the index and HEAD untouched until the switch; TXN_REF, which fast-import needs, is
+    dropped at once): same base + same patches = same commit ids on every machine, with
+    patchset as author and committer at the base commit's time. One git process for the
+    whole series, where building each commit with plumbing would take three per patch
+    and a blob per file (each a step of the kill tests' every-git-child matrix)."""
     if not desired:
         return []
-    repo = target.repository()
-    try:
-        touched = sorted({p for step in steps for p, _ in step})
-        disk = dict(zip(touched, target.disk_paths(touched)))
-        trees = gitobjects.Builder(repo, base_commit, set(disk.values()))
-        who = f"{AUTHOR[0]} <{AUTHOR[1]}> {gitobjects.commit_time(trees.base_raw)} +0000"
-        modes = {p: trees.mode(d) or "100644" for p, d in disk.items()}
-        parent, ids = base_commit, []
-        for spec, step in zip(desired, steps):
-            for path, data in step:
-                oid = repo.write("blob", data) if data is not None else None
-                trees.change(disk[path], oid, modes[path])
-            message = (f"{spec['name']}: {spec.get('summary', '')}\n\n"
-                       f"Patchset-Name: {spec['name']}\nPatchset-Sha256: {spec['sha256']}\n")
-            parent = repo.write("commit", gitobjects.commit_text(trees.write(), parent, who,
-                                                                  message.encode()))
-            ids.append(parent)
-        target.know_tree(parent, trees.entries(sorted(disk.values())) or {})
-    except (gitobjects.GitError, OSError, ValueError) as exc:
-        raise EngineError(f"cannot write the series' commits in {target.root}: {exc}") from None
-    return ids
+    root = target.root
+    touched = sorted({p for step in steps for p, _ in step})
+    disk = dict(zip(touched, target.disk_paths(touched)))
+    if any("\n" in d or d.startswith('"') for d in disk.values()):
+        raise EngineError(f"a path of the series cannot be committed in {root}: "
+                          f"{sorted(disk.values())!r}", "usage")
+    modes = _modes(root, base_commit, list(disk.values()))
+    when = git(root, "show", "-s", "--format=%ct", base_commit).strip()
+    who = f"{AUTHOR[0]} <{AUTHOR[1]}> {when} +0000"
+    stream = []
+    for number, (spec, step) in enumerate(zip(desired, steps), start=1):
+        message = (f"{spec['name']}: {spec.get('summary', '')}\n\n"
+                   f"Patchset-Name: {spec['name']}\nPatchset-Sha256: {spec['sha256']}\n"
+                   ).encode()
+        stream.append(f"commit {TXN_REF}\nmark :{number}\nauthor {who}\ncommitter {who}\n"
+                      .encode() + b"data %d\n" % len(message) + message)
+        if number == 1:
+            stream.append(f"from {base_commit}\n".encode())
+        for path, data in step:
+            stream.append(f"D {disk[path]}\n".encode() if data is None else
+                          f"M {modes.get(disk[path], '100644')} inline {disk[path]}\n"
+                          .encode() + b"data %d\n" % len(data) + data + b"\n")
+        stream.append(b"\n")
+    marks = target.meta / "txn" / "marks"
+    git(root, "fast-import", "--quiet", "--force", f"--export-marks={marks}",
+        data=b"".join(stream))
+    git(root, "update-ref", "-d", TXN_REF)
+    ids = dict(line.split() for line in marks.read_text().splitlines())
+    return [ids[f":{number}"] for number in range(1, len(desired) + 1)]
+
+
+TXN_REF = "refs/patchset/txn"   # fast-import's branch while it writes the commits
+
+
+def _modes(root: Path, commit: str, paths: list[str]) -> dict[str, str]:
+    """Each path's mode at `commit` (absent: not listed)."""
+    listed = git(root, "ls-tree", "-z", commit, "--", *paths, env=LITERAL).split("\0")
+    return {e.split("\t", 1)[1]: e.split(" ", 1)[0] for e in listed if e}
 
 
 # ---------------------------------------------------------------- the switch
@@ -813,48 +551,27 @@ def switch(target: Target, journal: dict) -> None:
         head = target.head()
         if head != journal["new_head"]:
             git(target.root, "update-ref", "-m", "patchset", "HEAD", journal["new_head"], head)
-            target.moved_head(journal["new_head"])
         crash_point("ref")
-        reset_index(target, sorted(journal["files"]), journal["new_head"])
+        reset_index(target, sorted(journal["files"]))
     write_json(target.state_file, journal["state"], target.root)
     crash_point("state")
     target.journal_file.unlink()
     shutil.rmtree(target.meta / "txn", ignore_errors=True)
 
 
-def reset_index(target: Target, paths: list[str], head: str) -> None:
-    """The index entries of `paths` set to HEAD's (`head`, which the switch just made or
-    found HEAD; removed where it has none), the rest of the index untouched: a change
-    staged elsewhere stays staged, and no refresh stats every file of the tree (`git
-    reset` did, a third of an apply)."""
+def reset_index(target: Target, paths: list[str]) -> None:
+    """The index entries of `paths` set to HEAD's (removed where it has none), the rest of
+    the index untouched: a change staged elsewhere stays staged."""
     if not paths:
         return
     disk = target.disk_paths(paths)
-    listed = _known_listing(target, disk, head)
-    if listed is None:
-        listed = [e for e in git(target.root, "ls-tree", "-z", "HEAD", "--", *disk,
-                                 env=LITERAL).split("\0") if e]
+    listed = [e for e in git(target.root, "ls-tree", "-z", "HEAD", "--", *disk,
+                             env=LITERAL).split("\0") if e]
     present = {e.split("\t", 1)[1] for e in listed}
     zero = "0" * (64 if target.git_paths()["algorithm"] == "sha256" else 40)
     removed = [f"0 {zero}\t{p}" for p in disk if p not in present]
     git(target.root, "update-index", "-z", "--index-info",
         data="".join(f"{e}\0" for e in listed + removed).encode(), env=LITERAL)
-
-
-BLOB_MODES = ("100644", "100755", "120000")
-
-
-def _known_listing(target: Target, disk: list[str], head: str) -> list[str] | None:
-    """What `git ls-tree -z HEAD -- disk` prints, from the trees this operation wrote for
-    `head` (Target.know_tree), when HEAD is that commit and every path is known as a blob
-    or absent; else None (recovery in a new process, a revert to the base commit): then
-    git is asked."""
-    entries = target.known_entries(head, disk)
-    if entries is None or target.head() != head:
-        return None
-    if any(e is not None and e[0] not in BLOB_MODES for e in entries.values()):
-        return None
-    return [f"{e[0]} blob {e[1]}\t{p}" for p, e in entries.items() if e is not None]
 
 
 def _install(target: Target, dest: Path, source: Path, blob: str | None) -> None:
@@ -980,7 +697,6 @@ def recover(target: Target) -> dict | None:
     if plan.journal is None:
         shutil.rmtree(target.meta / "txn", ignore_errors=True)  # killed before the journal
     else:
-        target.forget_head()    # the kill may have come before or after the HEAD update
         switch(target, plan.journal)
     if plan.journal is None and not plan.stale:
         return None
@@ -1325,10 +1041,13 @@ def _mode(path: Path) -> str:
 
 
 def _text_lines(path: str, data: bytes) -> list[str]:
-    """The file's lines as git cuts them (split_lines: at "\n" only; str.splitlines also
-    cuts at "\r", form feeds and the like, which made a diff that did not apply)."""
+    """The file's lines as git cuts them: at "\n" only, each keeping it, the last without
+    one if the file does not end in one (str.splitlines also cuts at "\r", form feeds and
+    the like, which made a diff that did not apply)."""
     _text_or_refuse(path, data)
-    return [line.decode("utf-8") for line in split_lines(data)]
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return [line.decode("utf-8") for line in lines if line]
 
 
 def _file_diff(path: str, old: bytes | None, new: bytes | None, mode: str) -> str:

@@ -176,7 +176,7 @@ def post_images(tree: callpath.SourceTree, text: str
                 ) -> list[tuple[str, str | None, bytes | None]]:
     """(path, before, after; None: no such file) of each file the patch `text` changes
     that the server runs (callpath.SCOPE), by `git apply` on copies of them from `tree`."""
-    paths = [c.path for c in patchfile.parse_diff(text, "patch", 0, "")
+    paths = [c.path for c in patchfile.changes(text, "patch")
              if callpath.in_scope(tree.root, c.path)]
     if not paths:
         return []

@@ -51,6 +51,13 @@ def parse(text: str, file: str, git_prefix: str) -> ParsedPatch:
     return ParsedPatch(header=header, files=files, diff_offset=start)
 
 
+def changes(text: str, file: str, git_prefix: str = "") -> tuple[FileChange, ...]:
+    """The files a patch changes, its header (description, trailers) skipped unchecked."""
+    lines = text.split("\n")
+    start = _diff_start(lines, file)
+    return parse_diff("\n".join(lines[start:]), file, start, git_prefix)
+
+
 def _diff_start(lines: list[str], file: str) -> int:
     for number, line in enumerate(lines):
         if line.startswith("diff --git "):

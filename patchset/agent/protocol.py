@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any, Callable
 
-PROTOCOL = 1
+PROTOCOL = 2      # 2: typed requests and results (wire.py), exact types checked
 # the ops, by the part of the agent that serves them (main.py dispatches on these)
 TREE_OPS = ("apply", "revert", "status", "capture", "bisect-mark")     # engine.py
 UNIT_OPS = ("facts", "deploy")                                         # deployer.py

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import bounded
+from . import bounded, wire
 from .facts import checkpoint as ck
 from .facts import procs, systemd, trace, tree
 from .facts.base import Command
@@ -208,11 +208,11 @@ class Runner:
                  for pid in sorted(keep)]
         return self.record(cmd, start, exit_code=0, stdout="\n".join(lines))
 
-    def engine(self, cmd: Command, request: dict) -> dict:
+    def engine(self, cmd: Command, request: wire.StatusRequest) -> dict:
         start = time.monotonic()
         try:
             from . import engine
-            result = engine.run(request)
+            result = wire.encode_result(engine.run(request))
         except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
             return self.record(cmd, start, error=f"engine status failed: {exc}")
         return self.record(cmd, start, exit_code=0, data=self.red.value(result))

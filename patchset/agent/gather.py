@@ -143,7 +143,7 @@ class Gatherer:
         if unit:     # the ServerArgs it logged at startup (redacted by the runner)
             rec["server_args_log"] = self.r.run(journal.ServerArgsLog().command(unit=unit,
                                                                                 pid=pid))
-        rec["imports"], _ = process_import(pid, argv, environ, self.req.get("package", "sglang"),
+        rec["imports"], _ = process_import(pid, argv, environ, self.req.package,
                                            self.r)
         info = http.ServerInfo().collect(rec["server_info"]).value or {}
         rec["model"] = info.get("model_path") or _flag(argv, "--model-path") or \
@@ -195,7 +195,7 @@ class Gatherer:
                                       "shards": len(set(weight_map.values()))})
         index["trimmed"] = True
         rec["index"] = index
-        shards = sorted(set(wanted.values()))[: int(self.req.get("max_shards", 64))]
+        shards = sorted(set(wanted.values()))[: self.req.max_shards]
         for shard in shards:
             names = {t for t, s in wanted.items() if s == shard}
             rec["headers"][shard] = self.header(os.path.join(path, shard), patterns, names)

@@ -185,6 +185,7 @@ class AuditRequest(Request):
     http_timeout: Optional[float] = None
     unit_pattern: Optional[str] = None
     units: List[str] = dataclasses.field(default_factory=list)
+    max_shards: int = 64                          # checkpoint shards read per model
 
 
 # ---------------------------------------------------------------- results

@@ -142,9 +142,11 @@ def test_the_controller_refuses_a_result_of_the_wrong_shape() -> None:
     """A result the wire does not accept is a TargetError naming host and field."""
     with pytest.raises(TargetError) as caught:
         transport.decode("gpu1", "apply", {"ok": True, "changed": "yes"})
-    assert str(caught.value).startswith("gpu1: the agent's answer does not match")
-    assert "the apply result: missing field" in str(caught.value) \
-        or "changed: expected bool" in str(caught.value)
+    assert str(caught.value) == ("gpu1: the agent's answer does not match this patchset's "
+                                 "protocol (the apply result: missing field 'recovered')")
+    whole = wire.encode_result(wire.ApplyResult())
+    with pytest.raises(TargetError, match=r"the apply result\.changed: expected bool, got str"):
+        transport.decode("gpu1", "apply", dict(whole, changed="yes"))
 
 
 def test_stamp_fills_target_tree_and_python_and_keeps_the_type() -> None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from patchset import __version__
+from patchset.agent import wire
 from patchset.api import DEFAULT_FORKS, on_hosts
 from patchset.errors import Exit, PatchsetError, TargetError, Unreachable
 from patchset.transport import Transport
@@ -58,11 +59,11 @@ class HostProbes(Protocol):
         """Every probe asked for, as a record that could not be sent (and why)."""
 
 
-def gather_request(series: Series, pol: policy_mod.Policy) -> dict:
+def gather_request(series: Series, pol: policy_mod.Policy) -> wire.AuditRequest:
     """What the gatherer needs: the layout of the tree and which tensors to read."""
     pin = series.upstream
-    return {"op": "audit", "format": 1, "git_prefix": pin.git_prefix, "package": pin.name,
-            "tensors": [dict(p) for p in pol.patterns]}
+    return wire.AuditRequest(git_prefix=pin.git_prefix, package=pin.name,
+                             tensors=[dict(p) for p in pol.patterns])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ def _collect(series: Series, transports: list[Transport], pol: policy_mod.Policy
     return on_hosts(transports, lambda t: gather(t, request, probes), forks)
 
 
-def gather(transport: Transport, request: dict, probes: HostProbes | None = None) -> Gathered:
+def gather(transport: Transport, request: wire.AuditRequest, probes: HostProbes | None = None) -> Gathered:
     """One host's facts (one round trip), then its probes. An unreachable host or an
     agent that gave no result is a record, not an exception (the report says so)."""
     try:
@@ -97,7 +98,7 @@ def gather(transport: Transport, request: dict, probes: HostProbes | None = None
         return Gathered(HostFacts(host=transport.host, reachable=False, error=str(exc)))
     except TargetError as exc:             # the agent gave no result
         return Gathered(HostFacts(host=transport.host, reachable=True, error=str(exc)))
-    facts = hostfacts.build(transport.host, result)
+    facts = hostfacts.build(transport.host, wire.encode_result(result))
     return Gathered(facts, probe_host(facts, probes) if probes else None)
 
 

@@ -19,6 +19,7 @@ from typing import Mapping
 from patchset import transport as wire
 from patchset.agent import main as agent
 from patchset.agent.protocol import Events
+from patchset.agent.wire import Failure, Request, Result, encode_request
 
 
 class LocalTransport:
@@ -35,21 +36,24 @@ class LocalTransport:
         self.round_trips = 0
         self.bytes_sent = 0
 
-    def call(self, request: dict, files: Mapping[str, Path] | None = None,
-             on_event: wire.EventSink | None = None) -> dict:
+    def call(self, request: Request, files: Mapping[str, Path] | None = None,
+             on_event: wire.EventSink | None = None) -> Result | Failure:
         request = wire.stamp(request, self.target)
         self.round_trips += 1
         with tempfile.TemporaryDirectory(prefix=wire.workdir_name(request, "")) as tmp:
-            if self.sudo or not self.in_process or request.get("op") in agent.ISOLATED_OPS:
+            if self.sudo or not self.in_process or request.op in agent.ISOLATED_OPS:
                 return self._child(Path(tmp), request, files, on_event)
             for name, source in (files or {}).items():
                 dest = Path(tmp) / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, dest)
-            return agent.serve(request, Path(tmp), Events(sink=on_event or (lambda e: None)))
+            # through JSON as over SSH: the same exact-type checks on both sides
+            answer = agent.serve_json(encode_request(request), Path(tmp),
+                                      Events(sink=on_event or (lambda e: None)))
+            return wire.decode(self.host, request.op, answer)
 
-    def _child(self, tmp: Path, request: dict, files: Mapping[str, Path] | None,
-               on_event: wire.EventSink | None) -> dict:
+    def _child(self, tmp: Path, request: Request, files: Mapping[str, Path] | None,
+               on_event: wire.EventSink | None) -> Result | Failure:
         payload = wire.bundle(request, files)
         (tmp / "bundle.tar").write_bytes(payload)
         self.bytes_sent += len(payload)
@@ -63,7 +67,7 @@ class LocalTransport:
                 sink.write(line)
             stderr = proc.stderr.read()        # type: ignore[union-attr]
         sink.close()
-        return sink.outcome(self.host, proc.returncode, stderr, request.get("op"))
+        return sink.outcome(self.host, proc.returncode, stderr, request.op)
 
     def elevate(self) -> None:
         """Root through `sudo -n` from now on (the agent said it does not run as root)."""

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from patchset import inputfile
 from patchset import transport as wire
 from patchset.agent import bounded
+from patchset.agent.wire import Failure, Request, Result
 from patchset.errors import Unreachable, PatchsetError
 
 from .inventory import Host
@@ -214,8 +215,8 @@ class SshTransport:
 
     # ------------------------------------------------------------ the agent
 
-    def call(self, request: dict, files: Mapping[str, Path] | None = None,
-             on_event: wire.EventSink | None = None) -> dict:
+    def call(self, request: Request, files: Mapping[str, Path] | None = None,
+             on_event: wire.EventSink | None = None) -> Result | Failure:
         """One SFTP upload of the bundle into a fresh 0700 directory, one command that
         unpacks, runs and removes it; events stream back while it runs."""
         conn = self.connection()
@@ -245,7 +246,7 @@ class SshTransport:
                 raise self._unreachable(exc) from None
             raise
         sink.close()
-        return sink.outcome(self.host, result.exited, errors.getvalue(), request.get("op"),
+        return sink.outcome(self.host, result.exited, errors.getvalue(), request.op,
                             shell=True)
 
     def elevate(self) -> None:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from patchset import __version__
+from patchset.agent import wire
 from patchset.agent.redact import Redactor, is_secret_name
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
 from patchset.transport import EventSink, Transport, raise_for
@@ -123,11 +124,11 @@ def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None,
     units.render(host, units.resolve(host, chosen, tree, None, None, git_prefix))
     base = {"tree": tree, "git_prefix": git_prefix, "package": package,
             "tool_version": __version__}
-    facts = _facts(transport, dict(base, op="facts", roles=_names(chosen)))
-    if not facts.get("tree"):
+    facts = _facts(transport, wire.FactsRequest(**base, roles=_names(chosen)))
+    if not facts.tree:
         raise TargetError(f"{host.name}: no SGLang tree at {tree}: run `patchset apply` there "
                           "first (the units serve that tree)")
-    t = facts["tree"]
+    t = facts.tree
     pending = t.get("bisect")
     if pending and pending.get("id") != bisect and not dry_run:
         exc = BisectPending(f"{host.name}: a bisect (started {pending.get('started')} by "
@@ -143,25 +144,26 @@ def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None,
     rendered = units.render(host, resolved)
     scrub.add(rendered_secrets(resolved))
     for r in chosen:
-        info = facts["roles"][r]
+        info = facts.roles[r]
         scrub.add(installed_secrets(info.get("unit_text"), info.get("env_text"),
                                     info.get("config_text")))
-    reports = [_report(r, resolved[r], rendered[r], facts["roles"][r]) for r in chosen]
+    reports = [_report(r, resolved[r], rendered[r], facts.roles[r]) for r in chosen]
     result = DeployResult(host=host.name, ok=True, dry_run=dry_run, tree=t["root"],
                           roles=reports, notes=_notes(facts),
                           changed=any(r.changed or r.restart for r in reports))
     if dry_run:
         return result
-    if not facts.get("systemd"):
+    if not facts.systemd:
         return _failed(result, f"{host.name}: systemd is not running there", Exit.FAILED)
-    request = dict(base, op="deploy", state_sha256=t["state_sha256"], lock_wait=lock_wait,
-                   bisect=bisect, redact=sorted(scrub.known),
-                   roles={r: {**_names([r])[r], "unit_text": rendered[r].unit_text,
-                              "env_text": rendered[r].env_text,
-                              "config_text": rendered[r].config_text,
-                              "effective": _effective(facts["roles"][r], rendered[r]),
-                              "health_url": resolved[r].health_url,
-                              "health_timeout": resolved[r].health_timeout} for r in chosen})
+    request = wire.DeployRequest(
+        **base, state_sha256=t["state_sha256"], lock_wait=lock_wait,
+        bisect=bisect, redact=sorted(scrub.known),
+        roles={r: {**_names([r])[r], "unit_text": rendered[r].unit_text,
+                   "env_text": rendered[r].env_text,
+                   "config_text": rendered[r].config_text,
+                   "effective": _effective(facts.roles[r], rendered[r]),
+                   "health_url": resolved[r].health_url,
+                   "health_timeout": resolved[r].health_timeout} for r in chosen})
     return _outcome(result, transport.call(request, on_event=on_event))
 
 
@@ -282,46 +284,47 @@ def installed_secrets(unit_text: str | None, env_text: str | None,
     return {v for v in out if v}
 
 
-def _notes(facts: dict) -> list[str]:
-    t, notes = facts["tree"], []
+def _notes(facts: wire.FactsResult) -> list[str]:
+    t, notes = facts.tree or {}, []
     if t.get("trace_error"):
         notes.append(f"the tracer watches only the markers of served work: the patches' "
                      f"trace targets could not be derived ({t['trace_error']})")
     if not t["managed"]:
         notes.append(f"{t['root']} is not managed by patchset (no state): no patch gates to set")
-    if facts.get("interrupted"):
-        i = facts["interrupted"]
+    if facts.interrupted:
+        i = facts.interrupted
         notes.append(f"a deploy interrupted since {i.get('since')} (pid {i.get('pid')}) left "
                      "files behind; the next deploy rolls it back first")
     return notes
 
 
-def _outcome(result: DeployResult, raw: dict) -> DeployResult:
+def _outcome(result: DeployResult, answer: wire.Result | wire.Failure) -> DeployResult:
     """Fold the runner's answer into the result: actions, recovery, failure + rollback."""
     try:
-        raise_for(result.host, raw)
+        raw = raise_for(result.host, answer)
     except BisectPending:
         raise
     except PatchsetError as exc:
         return _failed(result, str(exc), exc.exit_code, exc.details)
+    assert isinstance(raw, wire.DeployResult)
     for report in result.roles:
-        report.actions = raw["actions"].get(report.role, [])
-        report.restart = (raw.get("restart_reasons") or {}).get(report.role)
-    result.changed = bool(raw.get("changed"))
-    if raw.get("recovered") is not None:
-        result.recovered = raw["recovered"]
-        undone = "; ".join(f"{r['unit']} {r['action']}" for r in raw["recovered"])
+        report.actions = raw.actions.get(report.role, [])
+        report.restart = raw.restart_reasons.get(report.role)
+    result.changed = raw.changed
+    if raw.recovered is not None:
+        result.recovered = raw.recovered
+        undone = "; ".join(f"{r['unit']} {r['action']}" for r in raw.recovered)
         result.notes = [n for n in result.notes if "interrupted" not in n]
         result.notes.append(f"rolled back an interrupted deploy first: "
                             f"{undone or 'nothing to undo'}")
-    failed = raw.get("failed")
+    failed = raw.failed
     if not failed:
         return result
-    result.failed, result.rollback = failed, raw.get("rollback")
+    result.failed, result.rollback = failed, raw.rollback
     back = "; ".join(f"{r['unit']} {r['action']}"
                      + ("" if r.get("healthy") in (None, True)
                         else f" but NOT healthy: {r.get('error')}")
-                     for r in raw.get("rollback") or []) or "nothing had been restarted"
+                     for r in raw.rollback or []) or "nothing had been restarted"
     journal = failed.get("journal") or []
     details = "\n".join([f"last journal lines of {failed['unit']}:"]
                         + [f"  {line}" for line in journal]) if journal else ""
@@ -329,9 +332,9 @@ def _outcome(result: DeployResult, raw: dict) -> DeployResult:
                    f"files restored, {back}", Exit.FAILED, details)
 
 
-def _facts(transport: Transport, request: dict) -> dict:
+def _facts(transport: Transport, request: wire.FactsRequest) -> wire.FactsResult:
     raw = raise_for(transport.host, transport.call(request))
-    if not raw.get("root"):
+    if isinstance(raw, wire.FactsResult) and not raw.root:
         transport.elevate()            # env files are root-only: read them as root
         try:
             raw = raise_for(transport.host, transport.call(request))
@@ -339,6 +342,7 @@ def _facts(transport: Transport, request: dict) -> dict:
             raise TargetError(f"{transport.host}: deploy needs root there (it writes "
                               "/etc/systemd/system and runs systemctl): connect as root or "
                               "allow passwordless sudo") from None
+    assert isinstance(raw, wire.FactsResult)
     return raw
 
 
@@ -394,20 +398,20 @@ def _diff(old: str | None, new: str | None, path: str) -> list[str]:
 # ---------------------------------------------------------------- after apply
 
 def affected_roles(host: Any, transport: Transport, tree: str, git_prefix: str = "python/",
-                   package: str = "sglang") -> tuple[list[str], dict]:
+                   package: str = "sglang") -> tuple[list[str], wire.FactsResult | None]:
     """Installed server roles whose patches or gates differ from the tree's state now, or
     whose process is stale: what `apply --restart` redeploys. Returns (roles, facts)."""
     candidates = [r for r in settings.SERVER_ROLES if r in host.roles]
     if not candidates:
-        return [], {}
-    facts = _facts(transport, {"op": "facts", "tree": tree, "git_prefix": git_prefix,
-                             "package": package, "roles": _names(candidates)})
-    t = facts.get("tree")
+        return [], None
+    facts = _facts(transport, wire.FactsRequest(tree=tree, git_prefix=git_prefix,
+                                                package=package, roles=_names(candidates)))
+    t = facts.tree
     if not t:
         return [], facts
     out = []
     for role in candidates:
-        info = facts["roles"][role]
+        info = facts.roles[role]
         if info.get("unit_text") is None:
             continue
         running = units.parse_env_file(info.get("env_text") or "")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__, api, interop
-from .agent import adoption, engine
+from .agent import engine, wire
 from .agent.records import AppliedPatch, TreeState, now_stamp
 from .errors import UsageError
 from .model import Series
@@ -130,12 +130,15 @@ def plan(series: Series, transport: Transport, options: AdoptOptions,
 
 
 def _inventory(transport: Transport, series: Series, options: AdoptOptions, pin_commit: str,
-               read: list[str]) -> adoption.InventoryResult:
+               read: list[str]) -> wire.InventoryResult:
     from .transport import raise_for
-    req = adoption.InventoryRequest(transport.target, series.upstream.git_prefix,
-                                    series.upstream.name, options.checkout, pin_commit, read)
-    return adoption.InventoryResult.from_json(raise_for(transport.host,
-                                                        transport.call(req.to_json())))
+    req = wire.InventoryRequest(target=transport.target,
+                                git_prefix=series.upstream.git_prefix,
+                                package=series.upstream.name, checkout=options.checkout,
+                                pin_commit=pin_commit, read=read)
+    result = raise_for(transport.host, transport.call(req))
+    assert isinstance(result, wire.InventoryResult)
+    return result
 
 
 def _pin_blobs(base: BaseTree, pin) -> dict[str, str]:
@@ -144,7 +147,7 @@ def _pin_blobs(base: BaseTree, pin) -> dict[str, str]:
     return {p: engine.blob_id(data) for p, data in files.items()}
 
 
-def _choose_base(series: Series, inv: adoption.InventoryResult,
+def _choose_base(series: Series, inv: wire.InventoryResult,
                  pin_files: dict[str, str]) -> tuple[BaseEvidence, list[BaseEvidence]]:
     """The merge-base where a checkout says it; else the best-matching candidate."""
     pin = series.upstream
@@ -185,8 +188,8 @@ def _cached_wheels(pin) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-def _local_commits(inv: adoption.InventoryResult,
-                   base: BaseTree) -> tuple[list[adoption.Commit], list[LeftOut]]:
+def _local_commits(inv: wire.InventoryResult,
+                   base: BaseTree) -> tuple[list[wire.Commit], list[LeftOut]]:
     """The checkout's commits after the base: local ones are proposed; upstream ones (known
     to the pin's cached repository) and ones that change no package file are left out."""
     if inv.git is None or inv.git.base is None:
@@ -210,13 +213,13 @@ def _in_upstream(base: BaseTree, commit: str) -> bool:
     return proc.returncode == 0
 
 
-def _from_commit(c: adoption.Commit, options: AdoptOptions) -> ProposedPatch:
+def _from_commit(c: wire.Commit, options: AdoptOptions) -> ProposedPatch:
     return ProposedPatch(interop.slug(c.subject), f"commit {c.commit[:12]}", c.subject,
                          _paths(c.diff), None, [], [], options.tier, options.path, c.diff,
                          c.author or None)
 
 
-def _hand_edits(read: adoption.InventoryResult, edited: list[str], base: BaseTree,
+def _hand_edits(read: wire.InventoryResult, edited: list[str], base: BaseTree,
                 from_head: bool, options: AdoptOptions) -> list[ProposedPatch]:
     from .upstream import blob_reader
     pristine = blob_reader(base)
@@ -270,7 +273,7 @@ def proposed_gate(diff: str, known: str) -> dict | None:
     return None
 
 
-def _notes(inv: adoption.InventoryResult, chosen: BaseEvidence) -> list[str]:
+def _notes(inv: wire.InventoryResult, chosen: BaseEvidence) -> list[str]:
     notes = []
     if not chosen.is_pin:
         notes.append(f"the best base is {chosen.label}, not the pin: run `patchset init` for "
@@ -355,7 +358,7 @@ def _check_reproduces(series: Series, adopt_plan: AdoptPlan) -> None:
 
 
 def _put_under_management(series: Series, transport: Transport,
-                          adopt_plan: AdoptPlan) -> adoption.AdoptResult:
+                          adopt_plan: AdoptPlan) -> wire.AdoptResult:
     from .transport import raise_for
     from .upstream import blob_reader, provision
     base_files = api.base_files(series)
@@ -379,12 +382,15 @@ def _put_under_management(series: Series, transport: Transport,
             files[f"base/{blob}"] = path
         for patch in series.patches:
             files[f"keep/{patch.sha256}.patch"] = Path(series.root) / patch.file
-        req = adoption.AdoptRequest(transport.target, state.to_json(), adopt_plan.served,
-                                    [n for n in files if n.startswith("keep/")],
-                                    [n for n in files if n.startswith("base/")],
-                                    series.upstream.git_prefix, series.upstream.name)
-        result = raise_for(transport.host, transport.call(req.to_json(), files))
-    return adoption.AdoptResult.from_json(result)
+        req = wire.AdoptRequest(target=transport.target, state=state.to_json(),
+                                expected=adopt_plan.served,
+                                patches=[n for n in files if n.startswith("keep/")],
+                                base_objects=[n for n in files if n.startswith("base/")],
+                                git_prefix=series.upstream.git_prefix,
+                                package=series.upstream.name)
+        result = raise_for(transport.host, transport.call(req, files))
+    assert isinstance(result, wire.AdoptResult)
+    return result
 
 
 def _pristine(read, base_files: dict[str, str | None], blob: str) -> bytes:

@@ -7,11 +7,13 @@ Transports are passed in (patchset/ never imports deploy/).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import __version__
+from .agent import wire
+from .agent.wire import ApplyRequest, ApplyResult, BisectMarkResult, Failure, RevertRequest
 from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetError,
                      TargetError, UsageError)
 from .model import Patch, Series
@@ -46,16 +48,20 @@ def patch_spec(patch: Patch) -> dict[str, Any]:
 
 
 def make_request(series: Series, op: str, patches: Iterable[Patch] = (),
-                 **extra: Any) -> tuple[dict, dict[str, Path]]:
-    """The engine request plus the files to ship with it (bundle name -> local path)."""
+                 **extra: Any) -> tuple[wire.Request, dict[str, Path]]:
+    """The engine request of `op` (wire.REQUESTS) plus the files to ship with it (bundle
+    name -> local path). apply and revert carry the series (patches, base files, pin)."""
     chosen = list(patches)
     pin = series.upstream
-    request = {"op": op, "git_prefix": pin.git_prefix, "package": pin.name,
-               "tool_version": __version__, "base_files": base_files(series),
-               "upstream": {"name": pin.name, "version": pin.version},
-               "patches": [patch_spec(p) for p in chosen], **extra}
+    kind = wire.REQUESTS[op]
+    fields: dict[str, Any] = {"git_prefix": pin.git_prefix, "package": pin.name,
+                              "tool_version": __version__}
+    if issubclass(kind, wire.TreeChangeRequest):
+        fields.update(base_files=base_files(series),
+                      upstream={"name": pin.name, "version": pin.version},
+                      patches=[patch_spec(p) for p in chosen])
     files = {p.file: Path(series.root) / p.file for p in chosen}
-    return request, files
+    return kind(**fields, **extra), files
 
 
 # ---------------------------------------------------------------- per-host results
@@ -84,25 +90,26 @@ class HostResult:
 BaseProvider = Callable[[], "tuple[str, Path]"]   # -> (base commit, bundle file)
 
 
-def _run_on(transport: Transport, request: dict, files: dict[str, Path],
+def _run_on(transport: Transport, request: ApplyRequest | RevertRequest, files: dict[str, Path],
             base_provider: BaseProvider | None = None) -> HostResult:
     from .transport import raise_for
     try:
         raw = transport.call(request, files)
-        if (raw.get("error") or {}).get("kind") == "need_base" and base_provider:
+        if isinstance(raw, Failure) and raw.kind == "need_base" and base_provider \
+                and isinstance(request, ApplyRequest):
             commit, bundle = base_provider()
-            request = dict(request, base=dict(request.get("base") or {}, commit=commit))
+            request = replace(request, base=dict(request.base, commit=commit))
             raw = transport.call(request, {**files, "base.bundle": bundle})
         result = raise_for(transport.host, raw)
     except (Unreachable, TargetError, UsageError) as exc:
         return HostResult(host=transport.host, ok=False, error=str(exc),
                           details=exc.details, exit_code=exc.exit_code,
                           bisect=exc.record if isinstance(exc, BisectPending) else None)
-    return HostResult(host=transport.host, ok=True, changed=result.get("changed", False),
-                      target=result.get("target"), before=result.get("before", []),
-                      after=result.get("after", []), head=result.get("head"),
-                      recovered=result.get("recovered"), dry_run=result.get("dry_run", False),
-                      reverted=result.get("reverted", []), provisioned=result.get("provisioned"))
+    assert isinstance(result, ApplyResult)          # apply's and revert's result
+    return HostResult(host=transport.host, ok=True, changed=result.changed,
+                      target=result.target, before=result.before, after=result.after,
+                      head=result.head, recovered=result.recovered, dry_run=result.dry_run,
+                      reverted=getattr(result, "reverted", []), provisioned=result.provisioned)
 
 
 DEFAULT_FORKS = 16       # hosts worked on at once (`--forks`, as Ansible's)
@@ -139,7 +146,7 @@ def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: 
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
                                   lock_wait=lock_wait, base={"git": git_pin}, bisect=bisect)
     return on_hosts(transports, lambda t: _run_on(
-        t, dict(request, provision=t.provisions), files, base_provider), forks)
+        t, replace(request, provision=t.provisions), files, base_provider), forks)
 
 
 def revert(series: Series, names: list[str], transport: Transport, with_dependents: bool = False,
@@ -161,7 +168,9 @@ def bisect_mark(series: Series, transport: Transport, bisect_id: str,
     from .transport import raise_for
     request, _ = make_request(series, "bisect-mark", record=record, bisect=bisect_id,
                               lock_wait=lock_wait)
-    return raise_for(transport.host, transport.call(request)).get("bisect")
+    result = raise_for(transport.host, transport.call(request))
+    assert isinstance(result, BisectMarkResult)
+    return result.bisect
 
 
 @dataclass
@@ -192,7 +201,7 @@ def status(series: Series, transport: Transport) -> HostStatus:
     from .transport import raise_for
     request, files = make_request(series, "status")
     result = raise_for(transport.host, transport.call(request, files))
-    record = StatusRecord.from_json(result)
+    record = StatusRecord.from_json(result.to_json())
     return HostStatus(host=transport.host, record=record,
                       pinned_base=_pinned_summary(series, record))
 
@@ -353,6 +362,6 @@ def _check_one(series: Series, chosen: tuple[Patch, ...],
                 (root / path).write_bytes(data)
         request, _ = make_request(series, "apply", chosen, target=str(root))
         result = engine.run(request, series.root)
-    if result.get("ok"):
+    if not isinstance(result, Failure):
         return SelectionCheck(names, True)
-    return SelectionCheck(names, False, result["error"]["message"])
+    return SelectionCheck(names, False, result.message)

@@ -16,6 +16,7 @@ from pathlib import Path
 from . import api, interop, validate
 from .errors import UsageError
 from .model import Series
+from .agent import wire
 from .transport import Transport, raise_for
 
 NAME = validate.PATCH_NAME       # the manifest's own name rule: shell-safe
@@ -48,14 +49,15 @@ def capture(series: Series, transport: Transport, meta: CaptureMeta, progress=No
     check_meta(series, meta)
     request, files = api.make_request(series, "capture", lock_wait=lock_wait)
     found = raise_for(transport.host, transport.call(request, files))
-    changed = found["files"]
+    assert isinstance(found, wire.CaptureResult)
+    changed = found.files
     _check_pre_images(series, transport.host, changed)
-    depends = _depends(series, found["applied"], set(changed))
+    depends = _depends(series, found.applied, set(changed))
     built = _build(series, meta, found, depends, transport.host, progress, offline)
     written = interop.write_entries(series, [built])
     return CaptureResult(name=meta.name, file=built.entry.file, host=transport.host,
-                         target=found["target"], files=sorted(changed), depends=depends,
-                         manifest=written.manifest, applied_on_host=found["applied"])
+                         target=found.target, files=sorted(changed), depends=depends,
+                         manifest=written.manifest, applied_on_host=found.applied)
 
 
 def check_meta(series: Series, meta: CaptureMeta) -> None:
@@ -102,11 +104,11 @@ def _depends(series: Series, applied: list[str], paths: set[str]) -> list[str]:
             if p.name in on_host and any(c.path in paths for c in p.files)]
 
 
-def _build(series: Series, meta: CaptureMeta, found: dict, depends: list[str], host: str,
+def _build(series: Series, meta: CaptureMeta, found: wire.CaptureResult, depends: list[str], host: str,
            progress, offline: bool) -> interop._Built:
     """Apply on the pin + series, check every post blob against the host, re-diff."""
     from .upstream import materialize, provision
-    source = f"{host}:{found['target']}"
+    source = f"{host}:{found.target}"
     summary = meta.summary or f"hand edits captured from {host}"
     base = provision(series.upstream, progress=progress, offline=offline)
     with tempfile.TemporaryDirectory(prefix="patchset-capture-") as tmp:
@@ -115,8 +117,8 @@ def _build(series: Series, meta: CaptureMeta, found: dict, depends: list[str], h
             text = (Path(series.root) / patch.file).read_text(encoding="utf-8")
             interop.apply_diff(work, text, 1, str(Path(series.root) / patch.file), patch.name)
         before = interop.git_out(work, "rev-parse", "HEAD", what="scratch tree").strip()
-        interop.apply_diff(work, found["diff"], 1, source, meta.name)
-        _check_posts(work, found["files"], source)
+        interop.apply_diff(work, found.diff, 1, source, meta.name)
+        _check_posts(work, found.files, source)
         body = interop.git_out(work, *interop.DIFF_ARGS, before, "HEAD", what="scratch tree")
     item = interop.Incoming(source=source, name_hint=meta.name, raw_header=None, diff=body,
                             header={"Description": summary, "Author": meta.author or ""})

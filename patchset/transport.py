@@ -10,14 +10,14 @@ events to `on_event`, and maps what came back to the project's errors here, in
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar
 
-from .agent import bounded
-from .agent.protocol import PARTS, PROTOCOL, ended, killed
+from .agent import bounded, wire
+from .agent.protocol import PARTS, ended, killed
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
 
 if TYPE_CHECKING:
@@ -62,12 +62,12 @@ class Transport(Protocol):
     round_trips: int       # agent runs so far (what the benchmarks count)
     bytes_sent: int        # bundle bytes uploaded so far
 
-    def call(self, request: dict, files: Mapping[str, Path] | None = None,
-             on_event: EventSink | None = None) -> dict:
-        """Run the agent on `request` (`target` and `protocol` are filled in) with `files`
-        (bundle name -> local path) beside it; its result, error results included.
-        Raises Unreachable when the host is not there, TargetError when the agent
-        gave no result."""
+    def call(self, request: wire.Request, files: Mapping[str, Path] | None = None,
+             on_event: EventSink | None = None) -> wire.Result | wire.Failure:
+        """Run the agent on `request` (`target` is filled in, the wire adds `protocol`)
+        with `files` (bundle name -> local path) beside it; its typed result, a Failure
+        included. Raises Unreachable when the host is not there, TargetError when the
+        agent gave no result or one the wire does not accept."""
         ...
 
     def elevate(self) -> None:
@@ -78,20 +78,19 @@ class Transport(Protocol):
         ...
 
 
-def stamp(request: dict, target: str, python: str | None = None) -> dict:
-    """The request as sent: protocol version and tree path filled in."""
-    out = dict(request, protocol=PROTOCOL, target=target)
-    out.setdefault("tree", target)
-    if python:
-        out.setdefault("python", python)
-    return out
+R = TypeVar("R", bound=wire.Request)
 
 
-def workdir_name(request: dict, token: str) -> str:
+def stamp(request: R, target: str, python: str | None = None) -> R:
+    """The request as sent: the tree path filled in (and the interpreter, when the
+    request names none)."""
+    return dataclasses.replace(request, target=target, tree=request.tree or target,
+                               python=request.python or python)
+
+
+def workdir_name(request: wire.Request, token: str) -> str:
     """`patchset-OP-TOKEN`: the private directory of one agent run (ps shows what runs)."""
-    op = request.get("op")
-    label = op if isinstance(op, str) and re.fullmatch(r"[a-z][a-z-]{0,15}", op) else "agent"
-    return f"patchset-{label}-{token}"
+    return f"patchset-{request.op}-{token}"
 
 
 def agent_files() -> dict[str, bytes]:
@@ -102,7 +101,7 @@ def agent_files() -> dict[str, bytes]:
     return out
 
 
-def bundle(request: dict, files: Mapping[str, Path] | None = None) -> bytes:
+def bundle(request: wire.Request, files: Mapping[str, Path] | None = None) -> bytes:
     """The one transfer: the agent + request.json + the data files, gzipped. tarfile is
     imported here: a localhost apply runs the agent in process and ships no bundle."""
     import tarfile
@@ -111,7 +110,7 @@ def bundle(request: dict, files: Mapping[str, Path] | None = None) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
         for name, data in agent_files().items():
             _add(tar, name, data)
-        _add(tar, "request.json", json.dumps(request).encode())
+        _add(tar, "request.json", json.dumps(wire.encode_request(request)).encode())
         for name, source in sorted((files or {}).items()):
             _add(tar, name, Path(source).read_bytes())
     return buffer.getvalue()
@@ -164,14 +163,15 @@ class LineSink:
         elif line.strip():
             self.other.append(line)
 
-    def outcome(self, host: str, exited: int | None, stderr: str, op: object = None,
-                shell: bool = False) -> dict:
-        """The result line, or TargetError saying why there is none (naming the part of
-        the agent that ran: the engine, the deploy runner, the gatherer). A part killed by
-        a signal is reported as killed (protocol.ended; `shell`: `exited` is a remote
-        shell's status), not as a host that lacks python3 or git."""
+    def outcome(self, host: str, exited: int | None, stderr: str, op: str,
+                shell: bool = False) -> wire.Result | wire.Failure:
+        """The result line decoded (wire.decode_result), or TargetError saying why there
+        is none (naming the part of the agent that ran: the engine, the deploy runner, the
+        gatherer). A part killed by a signal is reported as killed (protocol.ended;
+        `shell`: `exited` is a remote shell's status), not as a host that lacks python3
+        or git."""
         if self.result is not None:
-            return self.result
+            return decode(host, op, self.result)
         tail = (stderr.strip().splitlines() or self.other)[-3:]
         part = PARTS.get(str(op), "the agent")
         output = " / ".join(tail) or "no output"
@@ -187,18 +187,25 @@ ERROR_KINDS: dict[str, type[PatchsetError]] = {
     "usage": UsageError, "locked": LockedError, "bisect_pending": BisectPending}
 
 
-def raise_for(host: str, result: dict) -> dict:
-    """The one mapping of an agent error result to the project's errors: returns an ok
+def decode(host: str, op: str, data: object) -> wire.Result | wire.Failure:
+    """The agent's result object as the op's Result (or a Failure); one that the wire
+    does not accept is TargetError naming the host and the field."""
+    try:
+        return wire.decode_result(op, data)
+    except wire.WireError as exc:
+        raise TargetError(f"{host}: the agent's answer does not match this patchset's "
+                          f"protocol ({exc})") from None
+
+
+def raise_for(host: str, result: wire.Result | wire.Failure) -> wire.Result:
+    """The one mapping of an agent Failure to the project's errors: returns an ok
     result, raises the error of its kind (TargetError for any other kind) otherwise.
     The error keeps its kind (`exc.kind`) and details; BisectPending its record."""
-    if result.get("ok"):
+    if not isinstance(result, wire.Failure):
         return result
-    error = result.get("error") or {}
-    if not isinstance(error, dict):
-        error = {"kind": "target", "message": str(error)}
-    exc = ERROR_KINDS.get(error.get("kind"), TargetError)(f"{host}: {error.get('message')}")
-    exc.kind = str(error.get("kind") or "target")
-    exc.details = str(error.get("details") or "")
+    exc = ERROR_KINDS.get(result.kind, TargetError)(f"{host}: {result.message}")
+    exc.kind = result.kind or "target"
+    exc.details = result.details
     if isinstance(exc, BisectPending):
         try:
             record = bounded.loads(exc.details or "{}", f"{host}: the bisect record")

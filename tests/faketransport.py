@@ -1,8 +1,11 @@
 """The test fake of the Transport interface (patchset/transport.py): its agent is a script.
 
 A subclass (or an `answer` callable) says what the agent returns for each request; the
-fake stamps the request exactly as a real transport does and records it, so tests can
-assert what was sent, in what order, and that bad input stopped before any call.
+fake stamps the request exactly as a real transport does and records it as sent (its JSON
+object, wire.encode_request), so tests can assert what was sent, in what order, and that
+bad input stopped before any call. An answer is the agent's result object; fields it
+leaves out take the Result's defaults, and it crosses the wire's type checks like a real
+one (wire.decode_result).
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Mapping
 
+from dataclasses import fields
+
 from patchset import transport as wire
+from patchset.agent import wire as agentwire
 
 Answer = Callable[[dict, "wire.EventSink | None"], dict]
 
@@ -26,12 +32,13 @@ class FakeTransport:
         self.round_trips = self.bytes_sent = 0
         self._answer = answer
 
-    def call(self, request: dict, files: Mapping[str, Path] | None = None,
-             on_event: wire.EventSink | None = None) -> dict:
-        request = wire.stamp(request, self.target)
-        self.requests.append(request)
+    def call(self, request: agentwire.Request, files: Mapping[str, Path] | None = None,
+             on_event: wire.EventSink | None = None) -> agentwire.Result | agentwire.Failure:
+        sent = agentwire.encode_request(wire.stamp(request, self.target))
+        self.requests.append(sent)
         self.round_trips += 1
-        return self.answer(request, on_event)
+        return wire.decode(self.host, request.op, complete(request.op,
+                                                           self.answer(sent, on_event)))
 
     def answer(self, request: dict, on_event: wire.EventSink | None) -> dict:
         if self._answer is None:
@@ -43,3 +50,14 @@ class FakeTransport:
 
     def close(self) -> None:
         pass
+
+
+def complete(op: str, answer: dict) -> dict:
+    """An answer with the op's Result defaults for the fields it leaves out (a failure:
+    empty details)."""
+    if not answer.get("ok"):
+        error = answer.get("error")
+        return dict(answer, error={"details": "", **error}) if isinstance(error, dict) else answer
+    defaults = agentwire.RESULTS[op]().to_json()
+    known = {f.name for f in fields(agentwire.RESULTS[op])}
+    return {**{k: v for k, v in defaults.items() if k in known}, **answer}

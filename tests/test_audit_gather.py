@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from patchset.auditor import api, hostfacts, report
-from patchset.agent import gather
+from patchset.agent import gather, wire
 from patchset.transport import AGENT_NAME, agent_files, bundle
 from tests.hosts.ports import reserve_port
 from tests.standin.install import install_standin_local
@@ -87,8 +87,8 @@ def server(pinned_base, model: Path, tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="module")
 def gathered(server) -> dict:
-    return gather.run({"tree": str(server["tree"]), "package": "sglang",
-                       "tensors": [{"pattern": "*hc_attn_fn"}]})
+    return wire.encode_result(gather.run(wire.AuditRequest(
+        tree=str(server["tree"]), package="sglang", tensors=[{"pattern": "*hc_attn_fn"}])))
 
 
 def test_gather_finds_the_server_its_children_and_its_facts(server, gathered, model) -> None:
@@ -149,7 +149,7 @@ def test_bundle_holds_only_stdlib_modules() -> None:
         for heavy in ("import yaml", "import jinja2", "import rich", "import typer",
                       "import fabric", "import paramiko", "from patchset.model", "from ..model"):
             assert heavy not in text, f"{name} imports {heavy}"
-    assert len(bundle({"op": "audit"})) < 200_000
+    assert len(bundle(wire.AuditRequest())) < 200_000
 
 
 def test_probes_against_the_stand_in(server) -> None:

@@ -379,7 +379,7 @@ def test_a_tree_that_changed_since_render_or_is_locked_is_refused(one_host: Test
     original = SshTransport.call
 
     def racing(self, request, files=None, on_event=None):  # an apply lands in between
-        if request["op"] == "deploy":
+        if request.op == "deploy":
             on_host(one_host, f"echo >> {TREE}/.patchset/state.json")
         return original(self, request, files, on_event)
 

@@ -135,8 +135,8 @@ def test_hostile_agent_output_lines_are_not_results(line: str) -> None:
 
 def test_a_bisect_pending_record_that_is_not_json_is_empty() -> None:
     from patchset.errors import BisectPending
-    result = {"ok": False, "error": {"kind": "bisect_pending", "message": "held",
-                                     "details": DEEP}}
+    result = transport.decode("h1", "apply", {"ok": False, "error": {
+        "kind": "bisect_pending", "message": "held", "details": DEEP}})
     with pytest.raises(BisectPending) as caught:
         transport.raise_for("h1", result)
     assert caught.value.record == {}

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ from patchset.agent.redact import MARK, Redactor, redact_text, spellings
 from patchset.deploy import deploy as dep
 from patchset.connect.resolve import Hosts
 from patchset import transport as wire
+from patchset.agent import main as agent_main
+from patchset.agent import wire as agentwire
 from faketransport import FakeTransport
 from patchset.connect import settings
 from patchset.deploy import units
@@ -274,7 +277,7 @@ class ScriptedChannel(FakeTransport):
 
     def answer(self, request: dict, on_event=None) -> dict:
         if request["op"] == "facts":
-            return dict(self.facts, root=True)
+            return dict(self.facts, root=True) if self.facts.get("ok") else self.facts
         for event in self.deploy.get("events", []) if on_event else []:
             on_event(event)
         return {k: v for k, v in self.deploy.items() if k != "events"}
@@ -487,8 +490,9 @@ def runner_host(tmp_path: Path, monkeypatch):
             "unit_text": "[Service]\nExecStart=/p --config /etc/sglang/decode.secrets.yaml\n",
             "env_text": f"HF_TOKEN={HF_TOKEN}\n", "config_text": f"api-key: {json.dumps(API_KEY)}\n",
             "effective": True, "health_url": "http://127.0.0.1:9/health", "health_timeout": 1}
-    request = {"roles": {"decode": spec}, "redact": list(SECRETS), "tree": str(tmp_path),
-               "state_sha256": deployer.sha256(state.read_bytes())}
+    request = agentwire.DeployRequest(roles={"decode": spec}, redact=list(SECRETS),
+                                      tree=str(tmp_path),
+                                      state_sha256=deployer.sha256(state.read_bytes()))
     return types.SimpleNamespace(target=target, request=request, spec=spec, etc=etc,
                                  record=tmp_path / "record")
 
@@ -502,7 +506,7 @@ def test_runner_writes_credentials_root_only_and_fixes_loose_modes(runner_host, 
     h = runner_host
     monkeypatch.setattr(deployer, "wait_healthy", lambda *a: 0.1)
     out = deployer._deploy_locked(h.request, h.target, deployer.Events(io.StringIO()))
-    assert out["deployed"] and out["actions"]["decode"][:2] == ["installed", "restarted"]
+    assert out.deployed and out.actions["decode"][:2] == ["installed", "restarted"]
     assert mode_owner(h.spec["config_path"]) == (0o600, 0, 0)
     assert mode_owner(h.spec["env_path"]) == (0o600, 0, 0)
     assert mode_owner(h.spec["unit_path"])[0] == 0o644
@@ -513,13 +517,13 @@ def test_runner_writes_credentials_root_only_and_fixes_loose_modes(runner_host, 
     os.chmod(h.spec["env_path"], 0o640)
     assert {x["path"] for x in deployer.insecure(h.spec)} == {h.spec["config_path"],
                                                                 h.spec["env_path"]}
-    again = deployer._deploy_locked(dict(h.request, roles={"decode": dict(
+    again = deployer._deploy_locked(replace(h.request, roles={"decode": dict(
         h.spec, effective=False)}), h.target, deployer.Events(io.StringIO()))
-    assert again["actions"]["decode"] == ["installed"]
+    assert again.actions["decode"] == ["installed"]
     assert mode_owner(h.spec["config_path"]) == (0o600, 0, 0)
     assert mode_owner(h.spec["env_path"]) == (0o600, 0, 0)
     # No credentials any more: the config file goes.
-    deployer._deploy_locked(dict(h.request, roles={"decode": dict(
+    deployer._deploy_locked(replace(h.request, roles={"decode": dict(
         h.spec, config_text=None)}), h.target, deployer.Events(io.StringIO()))
     assert not Path(h.spec["config_path"]).exists()
 
@@ -545,7 +549,8 @@ def test_runner_redacts_the_journal_and_rolls_the_config_back(runner_host, monke
     monkeypatch.setattr(deployer, "journal", lambda unit: [
         f"server_args=ServerArgs(api_key={API_KEY!r}, admin_api_key=None)",
         f"HF_TOKEN={HF_TOKEN}", f"raw {API_KEY} and {SERVICE_PASSWORD}", "a plain line"])
-    out = deployer._deploy_locked(h.request, h.target, deployer.Events(io.StringIO()))
+    out = agentwire.encode_result(
+        deployer._deploy_locked(h.request, h.target, deployer.Events(io.StringIO())))
     assert during == {"config": (0o600, 0, 0), "env": (0o600, 0, 0), "txn": (0o600, 0, 0),
                       "record": 0o700}
     assert_clean(json.dumps(out), SECRETS)
@@ -556,13 +561,24 @@ def test_runner_redacts_the_journal_and_rolls_the_config_back(runner_host, monke
     assert Path(h.spec["env_path"]).read_text() == f"HF_TOKEN={OLD_HF}\n"
     assert mode_owner(h.spec["env_path"])[0] == 0o600               # restored root-only
     assert not (h.record / "txn.json").exists()
-    bad = deployer.execute({"op": f"nope {API_KEY}", "redact": [API_KEY]})
-    assert_clean(json.dumps(bad), (API_KEY,)) and MARK in bad["error"]["message"]
+    bad = agent_main.serve_json({"op": f"nope {API_KEY}", "protocol": agentwire.PROTOCOL,
+                                 "redact": [API_KEY]}, h.etc, deployer.Events(io.StringIO()))
+    assert_clean(json.dumps(bad), (API_KEY,))
+    assert bad["error"] == {"kind": "usage", "message": "unknown op (not shown)", "details": ""}
+    # a refusal of the deploy runner is redacted with the request's secrets
+
+    def refuse(request, events):
+        raise deployer.engine.EngineError(f"refused with {API_KEY}", "usage", API_KEY)
+
+    monkeypatch.setattr(deployer, "op_deploy", refuse)
+    refused = agentwire.encode_result(deployer.execute(h.request))
+    assert_clean(json.dumps(refused), (API_KEY,)) and MARK in refused["error"]["message"]
+
 
 
 def test_the_bundle_ships_the_redactor() -> None:
     import tarfile
-    with tarfile.open(fileobj=io.BytesIO(wire.bundle({"op": "facts"}))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(wire.bundle(agentwire.FactsRequest()))) as tar:
         assert {f"{wire.AGENT_NAME}/{n}" for n in ("engine.py", "deployer.py", "redact.py")} \
             | {"request.json"} <= set(tar.getnames())
         assert all(m.mode == 0o600 for m in tar.getmembers())

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from patchset import pinrules, upstream
-from patchset.agent import engine
+from patchset.agent import engine, wire
 from patchset.cli import main
 from patchset.errors import UpstreamError, UsageError
 from patchset.model import GitPin
@@ -363,12 +363,11 @@ def test_engine_on_a_host_refuses_a_hostile_clone(tmp_path: Path, url, ref) -> N
     loader is a usage error, git never runs, no tree appears."""
     mark = tmp_path / MARK
     dest = tmp_path / "tree"
-    request = {"op": "apply", "provision": True, "target": str(dest), "patches": [],
-               "base_files": {}, "base": {"git": {"url": planted(url, mark),
-                                                  "ref": planted(ref, mark)}}}
+    request = wire.ApplyRequest(provision=True, target=str(dest), base={"git": {
+        "url": planted(url, mark), "ref": planted(ref, mark)}})
     result = engine.run(request, tmp_path)
-    assert not result["ok"] and result["error"]["kind"] == "usage"
-    assert "\n" not in result["error"]["message"]
+    assert isinstance(result, wire.Failure) and result.kind == "usage"
+    assert "\n" not in result.message
     assert not mark.exists() and not dest.exists()
     assert not list(tmp_path.glob(".tree.provisioning-*"))
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from patchset.deploy import deploy as dep
 from patchset.connect.local import LocalTransport
 from patchset import transport as wire
+from patchset.agent import wire as agentwire
 from faketransport import FakeTransport
 from patchset.connect import settings
 from patchset.deploy import units
@@ -308,7 +311,8 @@ class ScriptedChannel(FakeTransport):
 
     def answer(self, request: dict, on_event=None) -> dict:
         if request["op"] == "facts":
-            return dict(self.facts, root=self.root or self.sudo)
+            return dict(self.facts, root=self.root or self.sudo) if self.facts.get("ok") \
+                else self.facts
         for event in self.deploy.pop("events", []):
             on_event(event)
         return self.deploy
@@ -455,17 +459,22 @@ def test_the_runner_ships_as_a_bundle_and_reads_facts(tmp_path: Path) -> None:
     (tree / "sglang").mkdir(parents=True)
     unit = tmp_path / "sglang-decode.service"
     unit.write_text("[Service]\n")
-    request = {"op": "facts", "tree": str(tree), "git_prefix": "python/", "package": "sglang",
-               "roles": {"decode": {"unit": "sglang-decode.service", "unit_path": str(unit),
-                                    "env_path": str(tmp_path / "decode.env")}}}
+    request = agentwire.FactsRequest(
+        tree=str(tree), roles={"decode": {"unit": "sglang-decode.service",
+                                          "unit_path": str(unit),
+                                          "env_path": str(tmp_path / "decode.env")}})
     result = LocalTransport(tree, in_process=False).call(request)
-    assert result["ok"] and result["tree"]["layout"] == "wheel"
-    assert result["tree"]["managed"] is False and result["interrupted"] is None
-    assert result["roles"]["decode"]["unit_text"] == "[Service]\n"
-    assert result["roles"]["decode"]["env_text"] is None
-    bad = LocalTransport(tree, in_process=False).call(dict(request, op="nope"))
-    assert bad == {"ok": False, "error": {"kind": "usage", "message": "unknown op 'nope'",
-                                          "details": ""}}
+    assert isinstance(result, agentwire.FactsResult) and result.tree["layout"] == "wheel"
+    assert result.tree["managed"] is False and result.interrupted is None
+    assert result.roles["decode"]["unit_text"] == "[Service]\n"
+    assert result.roles["decode"]["env_text"] is None
+
+    @dataclass
+    class Nope(agentwire.FactsRequest):
+        op: ClassVar[str] = "nope"
+
+    bad = LocalTransport(tree, in_process=False).call(Nope(**vars(request)))
+    assert bad == agentwire.Failure("usage", "unknown op 'nope'")
 
 
 TRACES = {f"idx-c:{'c' * 12}": [

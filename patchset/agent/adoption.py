@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import engine
+from .wire import (AdoptRequest, AdoptResult, Commit, Failure, GitFacts, InventoryRequest,
+                   InventoryResult, Request)
 from .records import TreeState
 
 SKIP_DIRS = ("__pycache__",)
@@ -31,112 +32,8 @@ READ_LIMIT = 512                     # files whose bytes one inventory returns
 COMMIT_LIMIT = 500                   # commits after the base one inventory lists
 
 
-# ---------------------------------------------------------------- records
-
-@dataclass
-class InventoryRequest:
-    target: str
-    git_prefix: str = "python/"
-    package: str = "sglang"
-    checkout: str | None = None      # a git checkout the served tree was installed from
-    pin_commit: str | None = None    # the manifest's base commit, for the merge-base
-    read: list[str] = field(default_factory=list)    # git paths whose bytes to return
-
-    def to_json(self) -> dict:
-        return {"op": "inventory", **asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> InventoryRequest:
-        return cls(target=str(data["target"]), git_prefix=str(data.get("git_prefix", "python/")),
-                   package=str(data.get("package", "sglang")), checkout=data.get("checkout"),
-                   pin_commit=data.get("pin_commit"), read=[str(p) for p in data.get("read", [])])
-
-
-@dataclass
-class Commit:
-    """One first-parent commit after the base: its id, message and diff to its parent."""
-
-    commit: str
-    subject: str
-    body: str
-    diff: str                        # package paths only, --full-index, git layout
-    author: str = ""                 # Name <email>
-
-
-@dataclass
-class GitFacts:
-    root: str
-    head: str
-    base: str | None                 # merge-base of HEAD and the pin commit (None: unknown)
-    base_why: str                    # how the base was found, or why not
-    commits: list[Commit]
-    head_files: dict[str, str]       # git path -> blob at HEAD (package files)
-    dirty: list[str]                 # uncommitted changes in the checkout
-
-
-@dataclass
-class InventoryResult:
-    target: str
-    kind: str                        # git | plain
-    layout: str                      # git | wheel
-    managed: bool
-    files: dict[str, str]            # git path -> blob id of every served package file
-    git: GitFacts | None = None
-    served: dict[str, str | None] = field(default_factory=dict)   # read: bytes (latin-1)
-    at_head: dict[str, str | None] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"ok": True, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> InventoryResult:
-        g = data.get("git")
-        facts = None if g is None else GitFacts(
-            root=g["root"], head=g["head"], base=g.get("base"), base_why=g.get("base_why", ""),
-            commits=[Commit(**c) for c in g.get("commits", [])],
-            head_files=dict(g.get("head_files", {})), dirty=list(g.get("dirty", [])))
-        return cls(target=data["target"], kind=data["kind"], layout=data["layout"],
-                   managed=bool(data["managed"]), files=dict(data["files"]), git=facts,
-                   served=dict(data.get("served", {})), at_head=dict(data.get("at_head", {})))
-
-
-@dataclass
-class AdoptRequest:
-    target: str
-    state: dict                      # the TreeState to record
-    expected: dict[str, str]         # served git path -> blob the plan was made from
-    patches: list[str]               # bundle names of the patch files (kept for revert)
-    base_objects: list[str]          # bundle names base/<blob>: plain trees' pre-images
-    git_prefix: str = "python/"
-    package: str = "sglang"
-
-    def to_json(self) -> dict:
-        return {"op": "adopt", **asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> AdoptRequest:
-        return cls(target=str(data["target"]), state=dict(data["state"]),
-                   expected=dict(data["expected"]), patches=list(data.get("patches", [])),
-                   base_objects=list(data.get("base_objects", [])),
-                   git_prefix=str(data.get("git_prefix", "python/")),
-                   package=str(data.get("package", "sglang")))
-
-
-@dataclass
-class AdoptResult:
-    target: str
-    files_hashed: int
-    identical: bool                  # every served byte the same before and after
-    applied: list[str]
-
-    def to_json(self) -> dict:
-        return {"ok": True, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> AdoptResult:
-        return cls(target=data["target"], files_hashed=int(data["files_hashed"]),
-                   identical=bool(data["identical"]), applied=list(data["applied"]))
-
+# The records (InventoryRequest/Result, AdoptRequest/Result, GitFacts, Commit) are the
+# wire's (wire.py), like every op's.
 
 # ---------------------------------------------------------------- reading
 
@@ -302,18 +199,17 @@ def _record(target: engine.Target, state: TreeState, req: AdoptRequest, bundle: 
     engine.write_json(target.state_file, state.to_json(), target.root)
 
 
-def run(request: dict, bundle: Path) -> dict:
+def run(request: Request, bundle: Path) -> InventoryResult | AdoptResult | Failure:
     """The ops' entry (main.py): errors are results, like every op's."""
     try:
-        if request.get("op") == "inventory":
-            return inventory(InventoryRequest.from_json(request)).to_json()
-        return adopt(AdoptRequest.from_json(request), bundle).to_json()
+        if isinstance(request, InventoryRequest):
+            return inventory(request)
+        if isinstance(request, AdoptRequest):
+            return adopt(request, bundle)
+        return Failure("usage", f"not an adoption op: {request.op!r}")
     except engine.EngineError as exc:
-        return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
-                                       "details": exc.details}}
+        return Failure(exc.kind, str(exc), exc.details)
     except (KeyError, TypeError, ValueError) as exc:
-        return {"ok": False, "error": {"kind": "usage", "details": "",
-                                       "message": f"malformed {request.get('op')} request: {exc}"}}
+        return Failure("usage", f"malformed {request.op} request: {exc}")
     except OSError as exc:
-        return {"ok": False, "error": {"kind": "target", "details": "", "message":
-                                       f"{exc.strerror or exc} ({exc.filename})"}}
+        return Failure("target", f"{exc.strerror or exc} ({exc.filename})")

@@ -27,6 +27,7 @@ secrets the controller names in the request (redact.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import bounded, engine, redact, safewrite, tracer
+from . import bounded, engine, redact, safewrite, tracer, wire
 from .protocol import Events
 from .records import TreeState, UnitStatus
 from .runner import unit_show
@@ -160,12 +161,11 @@ def flock(path: str, wait: float, what: str) -> Iterator[None]:
 
 # ---------------------------------------------------------------- the tree
 
-def open_tree(request: dict) -> "engine.Target | None":
-    path = Path(os.path.expanduser(request["tree"]))
+def open_tree(request: wire.FactsRequest | wire.DeployRequest) -> "engine.Target | None":
+    path = Path(os.path.expanduser(request.tree))
     if not path.exists():
         return None
-    return engine.Target(str(path), request.get("git_prefix", "python/"),
-                         request.get("package", "sglang"))
+    return engine.Target(str(path), request.git_prefix, request.package)
 
 
 def state_bytes(target: "engine.Target | None") -> bytes | None:
@@ -196,12 +196,12 @@ def show(unit: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- facts
 
-def op_facts(request: dict) -> dict:
+def op_facts(request: wire.FactsRequest) -> wire.FactsResult:
     target = open_tree(request)
     state = target.state() if target else None
     facts = units_by_name(target, state)
     roles = {}
-    for role, spec in request["roles"].items():
+    for role, spec in request.roles.items():
         unit = spec["unit"]
         roles[role] = {
             "unit_text": read_text(spec["unit_path"]), "env_text": read_text(spec["env_path"]),
@@ -211,9 +211,9 @@ def op_facts(request: dict) -> dict:
             "stale": bool(unit in facts and facts[unit].stale),
             "facts": asdict(facts[unit]) if unit in facts else None,
         }
-    return {
-        "root": os.geteuid() == 0, "systemd": systemd_running(),
-        "tree": None if target is None else {
+    return wire.FactsResult(
+        root=os.geteuid() == 0, systemd=systemd_running(),
+        tree=None if target is None else {
             "root": str(target.root), "layout": target.layout, "managed": state is not None,
             "state_sha256": sha256(state_bytes(target)),
             "applied": [a.to_json() for a in state.applied] if state else [],
@@ -221,10 +221,10 @@ def op_facts(request: dict) -> dict:
             **_trace_targets(target, state),
             "bisect": engine.read_json(target.bisect_file),
         },
-        "roles": roles,
-        "interrupted": ({k: v for k, v in txn.items() if k in ("pid", "since")}
-                        if (txn := engine.read_json(txn_file())) else None),
-    }
+        roles=roles,
+        interrupted=({k: v for k, v in txn.items() if k in ("pid", "since")}
+                     if (txn := engine.read_json(txn_file())) else None),
+    )
 
 
 def _trace_targets(target: "engine.Target", state: "TreeState | None") -> dict:
@@ -287,7 +287,7 @@ class Failure(Exception):
         self.role, self.unit, self.reason = role, unit, reason
 
 
-def op_deploy(request: dict, events: Events) -> dict:
+def op_deploy(request: wire.DeployRequest, events: Events) -> wire.DeployResult:
     if os.geteuid() != 0:
         raise EngineError("deploy needs root on the host (it writes /etc/systemd/system and "
                           "runs systemctl): connect as root or allow passwordless sudo",
@@ -295,24 +295,26 @@ def op_deploy(request: dict, events: Events) -> dict:
     if not systemd_running():
         raise EngineError("systemd is not running on this host (no /run/systemd/system)",
                           "usage")
-    wait = float(request.get("lock_wait", 0))
+    wait = request.lock_wait
     with flock(DEPLOY_LOCK, wait, "another patchset deploy"):
         recovered = recover(events)
         target = open_tree(request)
         if target is None:
-            raise EngineError(f"no SGLang tree at {request['tree']}: run `patchset apply` "
+            raise EngineError(f"no SGLang tree at {request.tree}: run `patchset apply` "
                               "first", "usage")
         lock = target.lock(wait, "deploy") if target.meta.exists() else contextlib.nullcontext()
         with lock:
-            return dict(_deploy_locked(request, target, events), recovered=recovered)
+            return dataclasses.replace(_deploy_locked(request, target, events),
+                                       recovered=recovered)
 
 
-def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> dict:
-    if sha256(state_bytes(target)) != request["state_sha256"]:
+def _deploy_locked(request: wire.DeployRequest, target: "engine.Target",
+                   events: Events) -> wire.DeployResult:
+    if sha256(state_bytes(target)) != request.state_sha256:
         raise EngineError(f"the tree at {target.root} changed since the units were rendered "
                           "(an apply or revert ran in between); run deploy again", "changed")
     engine.refuse_during_bisect(target, request)
-    roles = request["roles"]                 # in restart order
+    roles = request.roles                    # in restart order
     old = {r: files_of(s) for r, s in roles.items()}
     changed = [r for r, s in roles.items() if old[r] != new_files(s) or insecure(s)]
     verify(roles, events)
@@ -341,16 +343,16 @@ def _deploy_locked(request: dict, target: "engine.Target", events: Events) -> di
         restarted = [r for r in roles if "restarted" in actions[r]]
         rollback = roll_back(roles, old, touched, restarted, before, events)
         finish()
-        return red.value({
-            "ok": True, "deployed": False, "changed": bool(touched),
-            "failed": {"role": failure.role, "unit": failure.unit, "reason": failure.reason,
-                       "journal": lines, "result": status.get("Result"),
-                       "exit_status": status.get("ExecMainStatus")},
-            "rollback": rollback, "actions": actions, "restart_reasons": restart})
+        return wire.DeployResult(**red.value(dict(
+            deployed=False, changed=bool(touched),
+            failed={"role": failure.role, "unit": failure.unit, "reason": failure.reason,
+                    "journal": lines, "result": status.get("Result"),
+                    "exit_status": status.get("ExecMainStatus")},
+            rollback=rollback, actions=actions, restart_reasons=restart)))
     finish()
     record(request, actions)
-    return {"ok": True, "deployed": True, "changed": any(actions.values()), "actions": actions,
-            "restart_reasons": restart, "failed": None, "rollback": None}
+    return wire.DeployResult(deployed=True, changed=any(actions.values()), actions=actions,
+                             restart_reasons=restart, failed=None, rollback=None)
 
 
 def files_of(spec: dict) -> tuple:
@@ -364,8 +366,8 @@ def new_files(spec: dict) -> tuple:
     return (spec["unit_text"], spec["env_text"], spec.get("config_text"))
 
 
-def redactor(request: dict) -> Any:
-    return redact.Redactor(known=request.get("redact") or ())
+def redactor(request: wire.Request) -> Any:
+    return redact.Redactor(known=getattr(request, "redact", ()))
 
 
 def restart_reasons(roles: dict, changed: list[str], before: dict,
@@ -569,26 +571,26 @@ def previous_spec(spec: dict, unit_text: str | None) -> dict:
     return spec
 
 
-def record(request: dict, actions: dict) -> None:
+def record(request: wire.DeployRequest, actions: dict) -> None:
     with contextlib.suppress(OSError):
         Path(RECORD_DIR).mkdir(parents=True, exist_ok=True)
         write_file(str(Path(RECORD_DIR) / "last.json"), json.dumps(
-            {"time": engine.now(), "tree": request["tree"], "actions": actions,
-             "tool_version": request.get("tool_version")}, indent=2, sort_keys=True) + "\n",
+            {"time": engine.now(), "tree": request.tree, "actions": actions,
+             "tool_version": request.tool_version}, indent=2, sort_keys=True) + "\n",
             0o644)
 
 
 # ---------------------------------------------------------------- entry points
 
-def execute(request: dict, events: Events | None = None) -> dict:
+def execute(request: wire.FactsRequest | wire.DeployRequest,
+            events: Events | None = None) -> wire.Result | wire.Failure:
     events = events or Events()
     try:
-        if request["op"] == "facts":
-            return {"ok": True, **op_facts(request)}
-        if request["op"] == "deploy":
+        if isinstance(request, wire.FactsRequest):
+            return op_facts(request)
+        if isinstance(request, wire.DeployRequest):
             return op_deploy(request, events)
-        raise EngineError(f"unknown op {request['op']!r}", "usage")
+        raise EngineError(f"unknown op {request.op!r}", "usage")
     except EngineError as exc:
         red = redactor(request)
-        return {"ok": False, "error": {"kind": exc.kind, "message": red.text(str(exc)),
-                                       "details": red.text(exc.details or "")}}
+        return wire.Failure(exc.kind, red.text(str(exc)), red.text(exc.details or ""))

@@ -22,6 +22,7 @@ A transaction never touches the tree until the result is fully built off to the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import fcntl
 import hashlib
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from . import bounded, safewrite, staleness
+from . import bounded, safewrite, staleness, wire
 from .gitenv import git_env
 from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
@@ -745,7 +746,8 @@ def _log_recovery(target: Target, done: dict) -> None:
 
 # ---------------------------------------------------------------- operations
 
-def transition(target: Target, request: dict, desired: list[dict], bundle: Path) -> dict:
+def transition(target: Target, request: wire.TreeChangeRequest, desired: list[dict],
+               bundle: Path) -> wire.ApplyResult:
     """Move the target from its current state to base + `desired` (in order)."""
     state = target.state()
     refuse_links(target, _written(state, request, desired))
@@ -756,13 +758,13 @@ def transition(target: Target, request: dict, desired: list[dict], bundle: Path)
         return _result(target, state, changed=False, before=current)
     for spec in desired:
         check_patch_file(spec, bundle)
-    if request.get("dry_run"):
+    if request.dry_run:
         # The same build as a real apply, off to the side: a patch that does not apply is
         # the same refusal (message and exit code) as `apply`'s, and nothing is written.
         with tempfile.TemporaryDirectory(prefix="patchset-dry-run-") as scratch:
             build(target, desired, bundle, base_files, set(base_files), Path(scratch) / "txn")
-        return {"changed": True, "dry_run": True, "before": [n for n, _ in current],
-                "after": [s["name"] for s in desired]}
+        return wire.ApplyResult(changed=True, dry_run=True, before=[n for n, _ in current],
+                                after=[s["name"] for s in desired])
     # Build first: a patch that does not apply leaves the target as it was (no .patchset
     # content store, no exclude line, no staging).
     staging, steps = build(target, desired, bundle, base_files, set(base_files))
@@ -792,17 +794,19 @@ def refuse_links(target: Target, paths: list[str]) -> None:
         raise EngineError(f"target {target.root}: {exc} (nothing was changed)", "usage") from None
 
 
-def _written(state: TreeState | None, request: dict, desired: list[dict]) -> list[str]:
+def _written(state: TreeState | None, request: wire.TreeChangeRequest,
+             desired: list[dict]) -> list[str]:
     """Every file this transition may write: managed so far, or touched by the series."""
-    return sorted(set(state.files if state else ()) | set(request.get("base_files", ()))
+    return sorted(set(state.files if state else ()) | set(request.base_files)
                   | {c["path"] for s in desired for c in s["files"]})
 
 
-def _base_files(target: Target, state: TreeState | None, request: dict) -> dict:
+def _base_files(target: Target, state: TreeState | None,
+                request: wire.TreeChangeRequest) -> dict:
     """The pin's pre-images of every file managed so far, plus any the request adds (a
     series that grew touches new files): those must still be the pin on disk."""
     known = dict(state.base["files"]) if state else {}
-    new = {p: b for p, b in request.get("base_files", {}).items() if p not in known}
+    new = {p: b for p, b in request.base_files.items() if p not in known}
     verify_base(target, new)
     return {**known, **new}
 
@@ -816,14 +820,14 @@ def _store_base(target: Target, state: TreeState | None, base_files: dict) -> No
             target.store_blob(target.disk(path).read_bytes())
 
 
-def _new_state(target: Target, request: dict, state: TreeState | None, base_files: dict,
+def _new_state(target: Target, request: wire.TreeChangeRequest, state: TreeState | None, base_files: dict,
                desired: list[dict], staging: Staging) -> TreeState:
     files = {path: (blob_id(c) if (c := staging.content(path)) is not None else None)
              for path in sorted(set(base_files) | {c["path"] for s in desired for c in s["files"]})}
     return TreeState(
-        tool_version=request.get("tool_version", "?"), updated=now_stamp(),
+        tool_version=request.tool_version, updated=now_stamp(),
         kind="git" if target.is_git else "plain", layout=target.layout,
-        upstream=request.get("upstream") if state is None else state.upstream,
+        upstream=request.upstream if state is None else state.upstream,
         base={"commit": (state.base.get("commit") if state else None) or target.head(),
               "files": base_files},
         applied=[AppliedPatch.from_json({k: s[k] for k in (
@@ -832,11 +836,11 @@ def _new_state(target: Target, request: dict, state: TreeState | None, base_file
         head=None, files=files)
 
 
-def _journal(target: Target, request: dict, state: TreeState | None, desired: list[dict],
+def _journal(target: Target, request: wire.TreeChangeRequest, state: TreeState | None, desired: list[dict],
              staging: Staging, steps: list, new_state: TreeState) -> dict:
     for spec in desired:
         _keep_patch_copy(target, spec, staging)
-    old = state.files if state else request["base_files"]
+    old = state.files if state else request.base_files
     files = {p: {"old": old.get(p), "new": b} for p, b in new_state.files.items()
              if old.get(p) != b}
     new_head = None
@@ -851,7 +855,7 @@ def _journal(target: Target, request: dict, state: TreeState | None, desired: li
         for path in new_state.files:
             if (data := staging.content(path)) is not None:
                 target.store_blob(data)
-    return {"id": f"{int(time.time())}-{os.getpid()}", "op": request["op"], "files": files,
+    return {"id": f"{int(time.time())}-{os.getpid()}", "op": request.op, "files": files,
             "before": state.names() if state else [],
             "old_head": target.head(), "new_head": new_head, "state": new_state.to_json()}
 
@@ -862,22 +866,21 @@ def _keep_patch_copy(target: Target, spec: dict, staging: Staging) -> None:
         write_atomic(dest, Path(spec["_source"]).read_bytes(), target.root)
 
 
-def _result(target: Target, state: TreeState, changed: bool, before: list) -> dict:
-    return {"changed": changed, "before": [n for n, _ in before],
-            "after": state.names(), "head": state.head,
-            "target": str(target.root)}
+def _result(target: Target, state: TreeState, changed: bool, before: list) -> wire.ApplyResult:
+    return wire.ApplyResult(changed=changed, before=[n for n, _ in before],
+                            after=state.names(), head=state.head, target=str(target.root))
 
 
-def op_apply(target: Target, request: dict, bundle: Path) -> dict:
-    desired = [dict(s, _source=str(bundle / s["file"])) for s in request["patches"]]
+def op_apply(target: Target, request: wire.ApplyRequest, bundle: Path) -> wire.ApplyResult:
+    desired = [dict(s, _source=str(bundle / s["file"])) for s in request.patches]
     return transition(target, request, desired, bundle)
 
 
-def op_revert(target: Target, request: dict, bundle: Path) -> dict:
+def op_revert(target: Target, request: wire.RevertRequest, bundle: Path) -> wire.RevertResult:
     state = target.state()
     applied = state.applied if state else []
     names = [a.name for a in applied]
-    remove = set(request["names"])
+    remove = set(request.names)
     # a revert the recovery just finished is this one, run again after a kill: done
     done = set((target.recovered or {}).get("removed", ())) & remove
     missing = sorted(remove - set(names) - done)
@@ -885,7 +888,7 @@ def op_revert(target: Target, request: dict, bundle: Path) -> dict:
         raise EngineError(f"{', '.join(missing)} not applied on {target.root} "
                           f"(applied: {', '.join(names) or 'none'})", "usage")
     dependents = _dependents(applied, remove)
-    if dependents and not request.get("with_dependents"):
+    if dependents and not request.with_dependents:
         raise EngineError(f"{', '.join(dependents)} depend(s) on {', '.join(sorted(remove))}; "
                           "revert those too with --with-dependents", "usage")
     remove |= set(dependents)
@@ -894,8 +897,8 @@ def op_revert(target: Target, request: dict, bundle: Path) -> dict:
                     _source=str(patches / f"{a.sha256}.patch"))
                for a in applied if a.name not in remove]
     result = transition(target, request, desired, patches)
-    result["reverted"] = [n for n in names if n in remove] or sorted(done)
-    return result
+    return wire.RevertResult(**vars(result),
+                             reverted=[n for n in names if n in remove] or sorted(done))
 
 
 def _dependents(applied: list[AppliedPatch], remove: set[str]) -> list[str]:
@@ -908,12 +911,12 @@ def _dependents(applied: list[AppliedPatch], remove: set[str]) -> list[str]:
     return out
 
 
-def op_status(target: Target, request: dict) -> dict:
+def op_status(target: Target, request: wire.StatusRequest) -> wire.StatusResult:
     """Read-only: never takes the lock, never repairs; says what the next command will do."""
     state = target.state()
     plan = recovery_plan(target)
     journal = plan.journal
-    return StatusRecord(
+    return wire.StatusResult(**StatusRecord(
         target=str(target.root), kind="git" if target.is_git else "plain",
         layout=target.layout, managed=state is not None,
         state_version=state.format if state else None,
@@ -930,19 +933,20 @@ def op_status(target: Target, request: dict) -> dict:
         interrupted=interrupted(target, plan),
         locked_by=_lock_holder(target),
         bisect=read_json(target.bisect_file),
-        interpreter=interpreter_facts(target, request.get("python")),
+        interpreter=interpreter_facts(target, request.python),
         units=unit_facts(target, state),
-    ).to_json()
+    ).to_json())
 
 
 # ---------------------------------------------------------------- bisect record
 
-def refuse_during_bisect(target: Target, request: dict) -> None:
+def refuse_during_bisect(target: Target,
+                         request: wire.TreeChangeRequest | wire.DeployRequest) -> None:
     """While a bisect holds the host in a test state, only its own steps may change the
     tree: anything else would make its restore put back the wrong thing. The controller
     reads the record from the error and finishes an abandoned bisect's restore first."""
     record = read_json(target.bisect_file)
-    if record is None or request.get("bisect") == record.get("id"):
+    if record is None or request.bisect == record.get("id"):
         return
     raise EngineError(f"a bisect (started {record.get('started')} by {record.get('by')}) "
                       f"holds {target.root} in a test state; it restores the starting "
@@ -950,21 +954,22 @@ def refuse_during_bisect(target: Target, request: dict) -> None:
                       "bisect_pending", json.dumps(record, sort_keys=True))
 
 
-def op_bisect_mark(target: Target, request: dict, bundle: Path) -> dict:
-    """Write (request["record"]) or drop (None) the bisect record, under the tree lock.
+def op_bisect_mark(target: Target, request: wire.BisectMarkRequest,
+                   bundle: Path) -> wire.BisectMarkResult:
+    """Write (request.record) or drop (None) the bisect record, under the tree lock.
     A second bisect is refused while one's record is there (it must be restored first)."""
-    record, current = request.get("record"), read_json(target.bisect_file)
+    record, current = request.record, read_json(target.bisect_file)
     if record is None:
-        if current is not None and current.get("id") == request.get("bisect"):
+        if current is not None and current.get("id") == request.bisect:
             target.bisect_file.unlink()
-        return {"bisect": None}
+        return wire.BisectMarkResult(bisect=None)
     if current is not None and current.get("id") != record.get("id"):
         raise EngineError(f"another bisect ({current.get('id')}, started "
                           f"{current.get('started')} by {current.get('by')}) is unfinished "
                           f"on {target.root}", "bisect_pending", json.dumps(current, sort_keys=True))
     target.ensure_meta()
     write_json(target.bisect_file, record, target.root)
-    return {"bisect": record}
+    return wire.BisectMarkResult(bisect=record)
 
 
 # ---------------------------------------------------------------- capture (read-only)
@@ -972,7 +977,8 @@ def op_bisect_mark(target: Target, request: dict, bundle: Path) -> dict:
 NULL_BLOB = "0" * 40
 
 
-def op_capture(target: Target, request: dict, bundle: Path) -> dict:
+def op_capture(target: Target, request: wire.CaptureRequest,
+               bundle: Path) -> wire.CaptureResult:
     """Hand edits on a managed tree as one full-index git diff, for `patchset capture`.
     Read-only: the controller turns the diff into a patch; the tree stays as it is."""
     state = target.state()
@@ -989,8 +995,8 @@ def op_capture(target: Target, request: dict, bundle: Path) -> dict:
         diff, files = _capture_plain(target, state)
     if not files:
         raise EngineError(f"target {target.root} has no hand edits to capture", "usage")
-    return {"target": str(target.root), "diff": diff, "files": files,
-            "applied": state.names()}
+    return wire.CaptureResult(target=str(target.root), diff=diff, files=files,
+                              applied=state.names())
 
 
 def _capture_git(target: Target) -> tuple[str, dict]:
@@ -1211,11 +1217,11 @@ def _lock_holder(target: Target) -> str | None:
             return target._holder()
 
 
-def provision_base(request: dict, bundle: Path) -> str:
+def provision_base(request: wire.ApplyRequest, bundle: Path) -> str:
     """No tree yet: clone the pin from the git remote if this host reaches it, else from
     the base bundle the controller shipped; else ask for the bundle (kind need_base)."""
-    dest = Path(os.path.expanduser(request["target"]))
-    base = request.get("base") or {}
+    dest = Path(os.path.expanduser(request.target))
+    base = request.base
     tmp = dest.parent / f".{dest.name}.provisioning-{os.getpid()}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -1269,33 +1275,34 @@ def _refuse_option(field: str, value: object) -> None:
                           "character); nothing was run", "usage")
 
 
-def run(request: dict, bundle: str | Path = ".") -> dict:
-    """Execute one request; always returns a JSON-able dict (errors included)."""
+TREE_OPS = {"apply": op_apply, "revert": op_revert, "capture": op_capture,
+            "bisect-mark": op_bisect_mark}
+
+
+def run(request: wire.Request, bundle: str | Path = ".") -> wire.Result | wire.Failure:
+    """Execute one request; always a result (errors are a Failure)."""
     try:
         provisioned = None
-        if (request["op"] == "apply" and request.get("provision") and not request.get("dry_run")
-                and not Path(os.path.expanduser(request["target"])).exists()):
+        if (isinstance(request, wire.ApplyRequest) and request.provision
+                and not request.dry_run
+                and not Path(os.path.expanduser(request.target)).exists()):
             provisioned = provision_base(request, Path(bundle))
-        target = Target(request["target"], request.get("git_prefix", "python/"),
-                        request.get("package", "sglang"))
-        if request["op"] == "status":
-            return {"ok": True, **op_status(target, request)}
-        ops = {"apply": op_apply, "revert": op_revert, "capture": op_capture,
-               "bisect-mark": op_bisect_mark}
-        if request["op"] not in ops:
-            raise EngineError(f"unknown op {request['op']!r}", "usage")
-        with target.lock(float(request.get("lock_wait", 0)), request["op"],
-                         read_only=bool(request.get("dry_run"))):
-            if request["op"] in ("apply", "revert") and not request.get("dry_run"):
+        target = Target(request.target, request.git_prefix, request.package)
+        if isinstance(request, wire.StatusRequest):
+            return op_status(target, request)
+        if request.op not in TREE_OPS:
+            raise EngineError(f"unknown op {request.op!r}", "usage")
+        dry_run = isinstance(request, wire.TreeChangeRequest) and request.dry_run
+        with target.lock(float(getattr(request, "lock_wait", 0.0)), request.op,
+                         read_only=dry_run):
+            if isinstance(request, wire.TreeChangeRequest) and not dry_run:
                 refuse_during_bisect(target, request)
             recovered = recover(target)
-            result = ops[request["op"]](target, request, Path(bundle))
-        return {"ok": True, "recovered": recovered, "provisioned": provisioned, **result}
+            result = TREE_OPS[request.op](target, request, Path(bundle))
+        return dataclasses.replace(result, recovered=recovered, provisioned=provisioned)
     except EngineError as exc:
-        return {"ok": False, "error": {"kind": exc.kind, "message": str(exc),
-                                       "details": exc.details}}
+        return wire.Failure(exc.kind, str(exc), exc.details or "")
     except OSError as exc:   # permissions, disk full: say which file, never a traceback
         where = f" ({exc.filename})" if exc.filename else ""
-        return {"ok": False, "error": {"kind": "target", "details": "",
-                                       "message": f"{exc.strerror or exc}{where}; a journal, if "
-                                       "written, lets the next command finish"}}
+        return wire.Failure("target", f"{exc.strerror or exc}{where}; a journal, if "
+                            "written, lets the next command finish")

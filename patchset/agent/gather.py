@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import bounded
+from . import bounded, wire
 from .facts import checkpoint as ck
 from .facts import gpu, http, journal, procs, systemd, trace, tree
 from .tracer import DIR_VAR as TRACE_DIR_VAR
@@ -43,13 +43,14 @@ DEFAULT_PORT = 30000
 # ---------------------------------------------------------------- the chain
 
 class Gatherer:
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: wire.AuditRequest) -> None:
         self.req = request
         self.red = Redactor(tagged=True)
-        self.r = Runner(self.red, float(request.get("run_timeout", RUN_TIMEOUT)),
-                        float(request.get("http_timeout", HTTP_TIMEOUT)))
+        self.r = Runner(self.red, RUN_TIMEOUT if request.run_timeout is None
+                        else request.run_timeout,
+                        HTTP_TIMEOUT if request.http_timeout is None else request.http_timeout)
 
-    def gather(self) -> dict:
+    def gather(self) -> wire.AuditResult:
         start = time.monotonic()
         raw: dict[str, Any] = {}
         clock = self.r.read(procs.HostClock().command())
@@ -65,32 +66,30 @@ class Gatherer:
         table = procs.ProcScan().collect(scan).value or []
         raw["servers"] = [self.server(p, table) for p in _mains(table)]
         raw["checkpoints"] = self.checkpoints(raw["servers"])
-        return {"ok": True, "format": FORMAT, "gatherer": VERSION,
-                "hostname": socket.gethostname(), "uid": os.geteuid(),
-                "duration_ms": round((time.monotonic() - start) * 1000, 2), "raw": raw}
+        return wire.AuditResult(format=FORMAT, gatherer=VERSION, hostname=socket.gethostname(),
+                                uid=os.geteuid(), raw=raw,
+                                duration_ms=round((time.monotonic() - start) * 1000, 2))
 
     def tree(self) -> dict | None:
-        if not self.req.get("tree"):
+        if not self.req.tree:
             return None
-        cmd = tree.TreeStatus().command(tree=self.req["tree"])
-        request = {"op": "status", "target": self.req["tree"],
-                   "git_prefix": self.req.get("git_prefix", "python/"),
-                   "package": self.req.get("package", "sglang"),
-                   "python": self.req.get("python")}
+        cmd = tree.TreeStatus().command(tree=self.req.tree)
+        request = wire.StatusRequest(target=self.req.tree, git_prefix=self.req.git_prefix,
+                                     package=self.req.package, python=self.req.python)
         start = time.monotonic()
         try:
             # Here, not in runner.py: the engine reads units through runner (no import loop).
             from . import engine
-            result = engine.run(request)
+            result = wire.encode_result(engine.run(request))
         except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
             return self.r.record(cmd, start, error=f"engine status failed: {exc}")
         return self.r.record(cmd, start, exit_code=0, data=self.red.value(result))
 
     def units(self, raw: dict) -> dict:
-        pattern = self.req.get("unit_pattern", systemd.UNIT_PATTERN)
+        pattern = self.req.unit_pattern or systemd.UNIT_PATTERN
         raw["unit_files"] = self.r.run(systemd.UnitFiles().command(pattern=pattern))
         raw["loaded_units"] = self.r.run(systemd.LoadedUnits().command(pattern=pattern))
-        names = set(self.req.get("units") or ())
+        names = set(self.req.units)
         for key, fact in (("unit_files", systemd.UnitFiles()), ("loaded_units", systemd.LoadedUnits())):
             names |= set(fact.collect(raw[key]).value or ())
         units = {}
@@ -151,7 +150,7 @@ class Gatherer:
         if unit:     # the ServerArgs it logged at startup (redacted by the runner)
             rec["server_args_log"] = self.r.run(journal.ServerArgsLog().command(unit=unit,
                                                                                 pid=pid))
-        rec["imports"], _ = process_import(pid, argv, environ, self.req.get("package", "sglang"),
+        rec["imports"], _ = process_import(pid, argv, environ, self.req.package,
                                            self.r)
         info = http.ServerInfo().collect(rec["server_info"]).value or {}
         rec["model"] = info.get("model_path") or _flag(argv, "--model-path") or \
@@ -188,7 +187,7 @@ class Gatherer:
         rec["hf_quant"] = self.r.read(ck.HfQuantConfig().command(model=path), "json")
         index = self.r.read(ck.SafetensorsIndex().command(model=path))
         weight_map = (ck.SafetensorsIndex().collect(index).value or {}).get("weight_map")
-        patterns = self.req.get("tensors") or []
+        patterns = self.req.tensors
         if weight_map is None and index.get("exit_code") == errno.ENOENT:
             single = os.path.join(path, "model.safetensors")
             rec["index"] = index
@@ -203,7 +202,7 @@ class Gatherer:
                                       "shards": len(set(weight_map.values()))})
         index["trimmed"] = True
         rec["index"] = index
-        shards = sorted(set(wanted.values()))[: int(self.req.get("max_shards", 64))]
+        shards = sorted(set(wanted.values()))[: self.req.max_shards]
         for shard in shards:
             names = {t for t, s in wanted.items() if s == shard}
             rec["headers"][shard] = self.header(os.path.join(path, shard), patterns, names)
@@ -332,11 +331,12 @@ def _connect_host(host: str) -> str:
 
 # ---------------------------------------------------------------- entry points
 
-def run(request: dict) -> dict:
-    """Gather everything; always a JSON-able dict (an unexpected error is a record too)."""
+def run(request: wire.AuditRequest) -> wire.AuditResult | wire.Failure:
+    """Gather everything; always a result (an unexpected error is a Failure naming it,
+    its redacted traceback in the details)."""
     try:
         return Gatherer(request).gather()
     except Exception as exc:  # noqa: BLE001 - report, never crash the round trip
         import traceback
-        return {"ok": False, "format": FORMAT, "error": f"{type(exc).__name__}: {exc}",
-                "trace": Redactor().text(traceback.format_exc()[-4000:])}
+        return wire.Failure("target", f"{type(exc).__name__}: {exc}",
+                            Redactor().text(traceback.format_exc()[-4000:]))

@@ -8,13 +8,12 @@ last line on stdout is one result (patchset/agent/protocol.py).
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 from pathlib import Path
 
-from . import bounded, engine
-from .protocol import ADOPT_OPS, GATHER_OPS, PROTOCOL, TREE_OPS, UNIT_OPS, Events, error, result_line
+from . import bounded, engine, wire
+from .protocol import ADOPT_OPS, GATHER_OPS, TREE_OPS, UNIT_OPS, Events, result_line
 
 OPS = TREE_OPS + UNIT_OPS + GATHER_OPS + ADOPT_OPS
 # ops that run in their own process even for a local tree: a deploy's transaction (and its
@@ -22,25 +21,30 @@ OPS = TREE_OPS + UNIT_OPS + GATHER_OPS + ADOPT_OPS
 ISOLATED_OPS = ("deploy",)
 
 
-def serve(request: dict, bundle: Path, events: Events) -> dict:
-    """One request -> its result (always a dict; an error is a result too)."""
-    op, version = request.get("op"), request.get("protocol", PROTOCOL)
-    if version != PROTOCOL:
-        return error("protocol", f"the agent speaks protocol {PROTOCOL}, the request is "
-                     f"protocol {version!r}: the controller and agent versions differ")
-    if op in TREE_OPS:
+def serve(request: wire.Request, bundle: Path, events: Events) -> wire.Result | wire.Failure:
+    """One typed request -> its typed result (an error is a result too)."""
+    if request.op in TREE_OPS:
         return engine.run(request, bundle)
-    if op in UNIT_OPS:                   # imported per op: an apply loads neither (start-up)
+    if request.op in UNIT_OPS:           # imported per op: an apply loads neither (start-up)
         from . import deployer
-        return deployer.execute(request, events)
-    if op in GATHER_OPS:
+        return deployer.execute(request, events)    # type: ignore[arg-type]
+    if request.op in GATHER_OPS:
         from . import gather
-        return gather.run(request)
-    if op in ADOPT_OPS:
+        return gather.run(request)                  # type: ignore[arg-type]
+    if request.op in ADOPT_OPS:
         from . import adoption
         return adoption.run(request, bundle)
-    shown = repr(op) if isinstance(op, str) and re.fullmatch(r"[a-z-]{1,32}", op) else "(not shown)"
-    return error("usage", f"unknown op {shown}")
+    return wire.Failure("usage", f"unknown op {request.op!r}")
+
+
+def serve_json(data: object, bundle: Path, events: Events) -> dict:
+    """request.json's object -> the result object: decoded by wire (another protocol, an
+    unknown op, a field of the wrong type are refused naming the field), served, encoded."""
+    try:
+        request = wire.decode_request(data)
+    except wire.WireError as exc:
+        return wire.encode_result(wire.Failure(exc.kind, str(exc)))
+    return wire.encode_result(serve(request, bundle, events))
 
 
 REQUEST_LIMIT = 64 * bounded.MIB     # the request names the shipped files; it holds none
@@ -56,9 +60,10 @@ def main(argv: list[str]) -> int:
         request = bounded.loads(bounded.read_bytes(bundle / "request.json", REQUEST_LIMIT,
                                                    "request"), "request.json")
     except bounded.InputError as exc:
-        result = error("usage", f"no readable request in {bundle}: {exc}")
+        result = wire.encode_result(
+            wire.Failure("usage", f"no readable request in {bundle}: {exc}"))
     else:
-        result = serve(request, bundle, events)
+        result = serve_json(request, bundle, events)
     if events.alive:
         _write(result_line(result))
     return 0

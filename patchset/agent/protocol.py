@@ -3,9 +3,10 @@
 Versioned: the controller stamps `protocol` in every request; an agent of another version
 refuses it (kind `protocol`) instead of guessing, so a stale copy can never half-run a
 newer request. Out: zero or more `{"event": ...}` progress lines, then exactly one
-`{"result": {...}, "protocol": N}` line. A result is `{"ok": true, ...}` or
-`{"ok": false, "error": {"kind", "message", "details"}}`; the controller maps the kinds to
-its errors in one place (patchset/transport.py, `raise_for`).
+`{"result": {...}, "protocol": N}` line. What a request and a result hold, per op, is
+wire.py (typed, exact types checked on both sides); a result is `{"ok": true, ...}` or
+`{"ok": false, "error": {"kind", "message", "details"}}` (wire.Failure); the controller
+maps the kinds to its errors in one place (patchset/transport.py, `raise_for`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 import sys
 from typing import Any, Callable
 
-PROTOCOL = 1
+PROTOCOL = 2      # 2: typed requests and results (wire.py), exact types checked
 # the ops, by the part of the agent that serves them (main.py dispatches on these)
 TREE_OPS = ("apply", "revert", "status", "capture", "bisect-mark")     # engine.py
 UNIT_OPS = ("facts", "deploy")                                         # deployer.py
@@ -47,11 +48,6 @@ def ended(code: int | None, shell: bool = False) -> str:
 def killed(code: int | None, shell: bool = False) -> bool:
     """Did the process end by a signal (or with no status), as `ended` reads it?"""
     return not ended(code, shell).startswith("exited ")
-
-
-def error(kind: str, message: str, details: str = "") -> dict:
-    """The one shape of a failed result."""
-    return {"ok": False, "error": {"kind": kind, "message": message, "details": details}}
 
 
 def result_line(result: dict) -> str:

@@ -221,9 +221,10 @@ def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
     state = {"format": 2, "updated": "", "kind": "plain", "layout": "wheel", "upstream": None,
              "base": {"commit": fork["pin"], "files": {}}, "applied": [], "files": {}}
     moved = dict(served, **{"python/sglang/version.py": "0" * 40})
-    req = adoption.AdoptRequest(str(site), state, moved, [], [])
-    result = adoption.run(req.to_json(), site)
-    assert result["ok"] is False and "changed since the plan" in result["error"]["message"]
+    def request(expected: dict):
+        return adoption.AdoptRequest(target=str(site), state=state, expected=expected)
+    result = adoption.run(request(moved), site)
+    assert isinstance(result, adoption.Failure) and "changed since the plan" in result.message
     assert not (site / ".patchset").exists()
     real = adoption._record
 
@@ -231,11 +232,12 @@ def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
         real(target, *args)
         (site / "sglang" / "srt" / "foo.py").write_text("meddled\n")
     monkeypatch.setattr(adoption, "_record", meddle)
-    result = adoption.run(adoption.AdoptRequest(str(site), state, served, [], []).to_json(), site)
-    assert result["ok"] is False and "changed while adopting" in result["error"]["message"]
+    result = adoption.run(request(served), site)
+    assert isinstance(result, adoption.Failure) and "changed while adopting" in result.message
     assert not (site / ".patchset").exists()
     (site / ".patchset").mkdir()                 # what a killed adopt leaves: no state
     monkeypatch.setattr(adoption, "_record", real)
     served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))
-    result = adoption.run(adoption.AdoptRequest(str(site), state, served, [], []).to_json(), site)
-    assert result["ok"] is True and (site / ".patchset" / "state.json").is_file()
+    result = adoption.run(request(served), site)
+    assert isinstance(result, adoption.AdoptResult)
+    assert (site / ".patchset" / "state.json").is_file()

@@ -96,7 +96,8 @@ class FleetGates:
     def _drift(self, host: str) -> GateResult:
         if self.baseline is None or self.spec is None:
             return GateResult("drift", host, "skipped", "no --baseline run given")
-        from .httpjson import Unreachable, client_for
+        from patchset.errors import Unreachable
+        from .probe import client_for
         client = client_for(host, None, None, self.api_key_env, resolver=self.resolver)
         try:
             now = drift.replay_saved(client, self.baseline, self.spec)

@@ -99,6 +99,11 @@ def pytest_testnodedown(node, error) -> None:
 HOST_FIXTURES = frozenset({"one_host", "fleet", "fresh_host", "fresh_fleet", "host_factory"})
 
 
+# The files that took longest in CI (the kill matrices: every git child of apply and
+# revert killed twice, ~10 min each on this 2-core machine class), dealt out first.
+LONGEST = ("test_hardening_kills_ssh.py", "test_hardening_kills.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files that boot nspawn hosts run first, the most host tests first: they are the
     longest files, and under --dist loadfile a long file dealt out last keeps one worker
@@ -108,7 +113,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         uses_hosts = bool(HOST_FIXTURES & set(getattr(item, "fixturenames", ())))
         host_tests[item.path] = host_tests.get(item.path, 0) + uses_hosts
-    items.sort(key=lambda item: -host_tests[item.path])
+    items.sort(key=lambda item: (item.path.name not in LONGEST, -host_tests[item.path]))
 
 pytest_plugins = ["tests.hosts.fixtures"]   # real nspawn test hosts
 

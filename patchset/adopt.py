@@ -206,10 +206,8 @@ def _local_commits(inv: wire.InventoryResult,
 
 
 def _in_upstream(base: BaseTree, commit: str) -> bool:
-    import subprocess
-    from .agent.gitenv import git_env
-    proc = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=base.repo,
-                          capture_output=True, env=git_env())
+    from .agent.gitenv import LOCAL, run_git
+    proc = run_git(["cat-file", "-e", f"{commit}^{{commit}}"], base.repo, mode=LOCAL)
     return proc.returncode == 0
 
 

@@ -900,13 +900,13 @@ def _fast_import(
     advance: Advance,
 ) -> None:
     """Stream all entries into one root commit on `ref` with one `git fast-import`."""
-    cmd = ["git", *_GIT_OPTS, "fast-import", "--quiet", "--done", "--date-format=raw"]
+    cmd = [*_GIT_OPTS, "fast-import", "--quiet", "--done", "--date-format=raw"]
     msg = message.encode()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
+        proc = gitenv.popen_git(
             cmd,
-            cwd=work,
-            env=gitenv.git_env(mode=gitenv.LOCAL),     # streamed: Popen, same policy
+            work,
+            mode=gitenv.LOCAL,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -961,10 +961,10 @@ def _export(base: BaseTree, tmp: Path) -> None:
     """Plain files of the tree under the pin's git_prefix (the wheel layout), no .git."""
     prefix = _git_prefix(base)
     treeish = f"{base.commit}:{prefix}" if prefix else base.commit
-    archive = subprocess.Popen(
-        ["git", *_GIT_OPTS, "archive", "--format=tar", treeish],
-        cwd=base.repo,
-        env=gitenv.git_env(mode=gitenv.LOCAL),     # streamed: Popen, same policy
+    archive = gitenv.popen_git(
+        [*_GIT_OPTS, "archive", "--format=tar", treeish],
+        base.repo,
+        mode=gitenv.LOCAL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -17,7 +17,8 @@ from patchset import transport as wire
 from patchset.transport import raise_for
 from patchset.agent.records import STATE_FORMAT, TreeState
 from patchset.agent import engine, staleness
-from patchset.agent.engine import EngineError, Staging, git_env
+from patchset.agent.engine import EngineError, Staging
+from patchset.agent.gitenv import git_env
 from patchset.errors import LockedError
 from patchset.manifest import load_series
 from patchset.selection import Selection, plan

@@ -147,3 +147,31 @@ def test_rebase_check_ignores_a_redirecting_environment(arm, pinned_base, new_ba
                          str(manifest))
     assert code == 1 and json.loads(out)["commits"] == commits, err
     assert snapshot(decoy) == before
+
+
+def git_spawns(paths) -> list[str]:
+    """Every `subprocess.X(["git", ...])` outside gitenv.py: a git child that skips the one
+    runner (and with it the environment policy)."""
+    import ast
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "subprocess" and node.args
+                    and isinstance(node.args[0], ast.List) and node.args[0].elts
+                    and isinstance(node.args[0].elts[0], ast.Constant)
+                    and str(node.args[0].elts[0].value).rsplit("/", 1)[-1] == "git"):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_every_git_child_of_the_product_goes_through_the_one_runner(tmp_path: Path) -> None:
+    import patchset
+    root = Path(patchset.__file__).resolve().parent.parent
+    product = [p for top in ("patchset", *patchset.LAYERS) for p in (root / top).rglob("*.py")
+               if p.name != "gitenv.py"]
+    assert git_spawns(product) == []
+    planted = tmp_path / "planted.py"
+    planted.write_text("import subprocess\nsubprocess.run(['git', 'status'])\n")
+    assert git_spawns([planted]) == ["planted.py:2"]

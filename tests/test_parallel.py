@@ -5,6 +5,7 @@ real-home guard across workers, host-heavy files first."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +16,27 @@ from tests.hosts import ports
 
 HOLD = """
 import sys
-from tests.hosts.ports import reserve_port
-print(reserve_port(int(sys.argv[1]), int(sys.argv[2]), span=2), flush=True)
+from pathlib import Path
+from tests.hosts import ports
+ports.LOCK_DIR = Path(sys.argv[3])
+ports._bindable = lambda port: True
+print(ports.reserve_port(int(sys.argv[1]), int(sys.argv[2]), span=2), flush=True)
 sys.stdin.read()
 """
 
 
-def test_a_port_another_process_reserved_is_never_handed_out() -> None:
+def test_a_port_another_process_reserved_is_never_handed_out(tmp_path, monkeypatch) -> None:
     """Two workers cannot get one port: the other process's reservation (flock) holds
-    both ports of its span although nothing listens on them."""
-    lo = 38000 + os.getpid() % 500 * 2
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lo), str(lo + 2)],
+    both ports of its span although nothing listens on them.
+
+    Only the reservation is under test: both processes use a private lock folder and take
+    every port as bindable, so a real listener elsewhere on the machine (CI once had one in
+    the range) cannot decide the outcome."""
+    monkeypatch.setattr(ports, "LOCK_DIR", tmp_path)
+    monkeypatch.setattr(ports, "_bindable", lambda port: True)
+    monkeypatch.setattr(ports, "_held", {})
+    lo = 38000
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lo), str(lo + 2), str(tmp_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=conftest.ROOT)
     try:
@@ -43,7 +54,26 @@ def test_a_port_another_process_reserved_is_never_handed_out() -> None:
     port = ports.reserve_port(lo, lo + 2, span=2)     # released when the holder exited
     assert port == lo and {lo, lo + 1} <= ports._held.keys()
     assert ports.reserve_port(lo, lo + 3) == lo + 2   # never twice in one process
+    for fd in ports._held.values():
+        os.close(fd)
 
+
+
+def test_a_port_something_listens_on_is_never_handed_out(tmp_path, monkeypatch) -> None:
+    """The other half of a reservation: a port bound by any process (a server that is not
+    one of ours) is skipped although no lock file names it."""
+    monkeypatch.setattr(ports, "LOCK_DIR", tmp_path)
+    monkeypatch.setattr(ports, "_held", {})
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        try:
+            ports.reserve_port(port, port + 1)
+        except RuntimeError as exc:
+            assert f"{port}-{port + 1}" in str(exc)
+        else:
+            raise AssertionError("a port a socket is bound to was handed out")
+    assert not ports._held
 
 def test_each_hostile_world_has_its_own_cache(world) -> None:
     shared = conftest._test_cache()

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from . import engine
+from .gitenv import run_git
 from .wire import (AdoptRequest, AdoptResult, Commit, Failure, GitFacts, InventoryRequest,
                    InventoryResult, Request)
 from .records import TreeState
@@ -91,9 +92,7 @@ def _text(path: Path) -> str | None:
 
 
 def _at_head(checkout: Path, path: str) -> str | None:
-    import subprocess
-    proc = subprocess.run(["git", "cat-file", "blob", f"HEAD:{path}"], cwd=checkout,
-                          capture_output=True, env=engine.git_env())
+    proc = run_git(["cat-file", "blob", f"HEAD:{path}"], checkout)
     return proc.stdout.decode("latin-1") if proc.returncode == 0 else None
 
 
@@ -123,9 +122,7 @@ def _git_facts(root: Path, req: InventoryRequest) -> GitFacts:
 def _merge_base(root: Path, head: str, pin: str | None) -> tuple[str | None, str]:
     if not pin:
         return None, "no pin commit given"
-    import subprocess
-    found = subprocess.run(["git", "cat-file", "-e", f"{pin}^{{commit}}"], cwd=root,
-                           capture_output=True, env=engine.git_env())
+    found = run_git(["cat-file", "-e", f"{pin}^{{commit}}"], root)
     if found.returncode != 0:
         return None, f"the pin commit {pin[:12]} is not in {root}"
     base = engine.git(root, "merge-base", head, pin).strip()

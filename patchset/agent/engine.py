@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 from . import bounded, safewrite, staleness, wire
-from .gitenv import git_env
+from .gitenv import run_git
 from .protocol import ended, killed
 from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
                       TreeState, UnitStatus, now_stamp)
@@ -102,8 +102,9 @@ def crash_point(label: str) -> None:
 
 def git(cwd: Path, *args: str, data: bytes | None = None,
         env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, input=data, capture_output=True,
-                          env=git_env(env))
+    """The engine's git: gitenv.run_git (the one runner and environment policy, tree
+    mode) with a failure or a kill raised as EngineError naming the command."""
+    proc = run_git(args, cwd, extra=env, input=data)
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         why = ended(proc.returncode) if killed(proc.returncode) or not err else err[-1]
@@ -188,8 +189,7 @@ class Target:
     # content store: git objects on a git tree, .patchset/objects on a plain one
     def read_blob(self, blob: str) -> bytes:
         if self.is_git:
-            proc = subprocess.run(["git", "cat-file", "blob", blob], cwd=self.root,
-                                  capture_output=True, env=git_env())
+            proc = run_git(["cat-file", "blob", blob], self.root)
             if proc.returncode == 0:
                 return proc.stdout
             if killed(proc.returncode):      # not a missing object: say what happened
@@ -1013,8 +1013,7 @@ def _capture_git(target: Target) -> tuple[str, dict]:
         if path:
             _text_or_refuse(path, target.disk(path).read_bytes()
                             if target.disk(path).is_file() else b"")
-            pre = subprocess.run(["git", "rev-parse", "--verify", "-q", f"HEAD:{path}"],
-                                 cwd=target.root, capture_output=True, env=git_env())
+            pre = run_git(["rev-parse", "--verify", "-q", f"HEAD:{path}"], target.root)
             files[path] = {"pre": pre.stdout.decode().strip() or None,
                            "post": file_blob(target.disk(path))}
     return diff, files
@@ -1254,8 +1253,9 @@ def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
         args = ["clone", "-q", "--no-checkout"] + (["--depth", "1", f"--branch={ref}"] if ref
                                                     else []) + ["--", url, str(tmp.resolve())]
         try:
-            subprocess.run(["git", *args], capture_output=True, timeout=120, check=True,
-                           env=git_env({"GIT_ALLOW_PROTOCOL": "https:http:ssh:git:file"}))
+            if run_git(args, None, extra={"GIT_ALLOW_PROTOCOL": "https:http:ssh:git:file"},
+                       timeout=120).returncode != 0:
+                raise EngineError(f"git clone of {url} failed")
             git(tmp, "checkout", "-q", "-B", "patchset",
                 base["commit"] if source == "controller" else "HEAD")
             return source

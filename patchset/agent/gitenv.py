@@ -70,3 +70,10 @@ def run_git(args: Sequence[str], cwd: str | os.PathLike | None, *, mode: str = T
     return subprocess.run(["git", *args], cwd=cwd, env=git_env(extra, mode), input=input,
                           stdin=None if input is not None else subprocess.DEVNULL,
                           capture_output=True, timeout=timeout, check=False)
+
+
+def popen_git(args: Sequence[str], cwd: str | os.PathLike | None, *, mode: str = TREE,
+              **popen: object) -> subprocess.Popen:
+    """A streamed git child (fast-import fed, archive read, as it goes) with the same
+    environment policy as run_git; the caller owns the pipes and the wait."""
+    return subprocess.Popen(["git", *args], cwd=cwd, env=git_env(None, mode), **popen)  # type: ignore[call-overload]

@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # (--dist loadfile: module-scoped host fixtures are booted once per file);
 # docs/explanation/repository.md says what runs in parallel and why that is safe.
 TEST_WORKERS ?= 3
+# More pytest options for one run, e.g. PYTEST_ARGS='--junitxml=/tmp/times.xml' to see
+# where the time goes (the slowest tests are printed at the end of every run).
+PYTEST_ARGS ?=
 
 .PHONY: run test venv bench lock drift
 
@@ -34,7 +37,7 @@ test: venv
 	.ci/install-host-deps
 	rm -rf build
 	$(BIN)/pip install -q --no-deps --force-reinstall .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 	.ci/drift-check
 
 # The CLI smoke tests at the newest allowed versions (no lock) and at the lower bounds.

@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 
 from patchset.cli import main
+from patchset.manifest import load_series
+from patchset.upstream import _pin_key
 
 ERROR = re.compile(r"patchset: error: [^\n]+")
 
@@ -107,7 +109,8 @@ def make_world(series_template: Path, root: Path, capsys, monkeypatch) -> World:
     home = root / "home"
     cache = root / "cache"
     if not cache.exists():
-        private_cache(Path(os.environ["PATCHSET_CACHE"]), cache)
+        pin = load_series(series_template / "patches.yaml").upstream
+        private_cache(Path(os.environ["PATCHSET_CACHE"]), cache, repo=_pin_key(pin))
     monkeypatch.setenv("PATCHSET_HOME", str(home))
     monkeypatch.setenv("PATCHSET_CACHE", str(cache))
     monkeypatch.chdir(series)
@@ -118,16 +121,27 @@ def make_world(series_template: Path, root: Path, capsys, monkeypatch) -> World:
     return world
 
 
-def private_cache(shared: Path, dest: Path) -> None:
+def private_cache(shared: Path, dest: Path, *, repo: str) -> None:
     """A copy of the shared test cache that only this world uses. Why: `refuse` asserts
     that not one byte of the cache changed, and other tests (another xdist worker, another
     run on the machine) write guards and temporary builds into the shared cache at any
     moment (the rare "changed files" failure of commit c3cb4ef). Content-addressed files
     (git objects, wheels, bundles: never rewritten in place) are hard links, so the copy is
-    cheap; everything else is copied; leftovers in tmp/ are not taken."""
+    cheap; everything else is copied; leftovers in tmp/ are not taken.
+
+    Of the built pins under repos/ only `repo` (the world's own pin) is taken: the shared
+    cache collects one repository per pin any test used (28 on a developer machine, 100k
+    files), and every refusal snapshots the whole cache twice, so the others made each case
+    of a hostile module cost seconds (make test spent 20 minutes in one such module)."""
     def place(src: str, dst: str) -> None:
         immutable = "/objects/" in src or src.endswith((".whl", ".bundle", ".pack", ".idx"))
         (os.link if immutable else shutil.copy2)(src, dst)
 
-    shutil.copytree(shared, dest, copy_function=place, symlinks=True,
-                    ignore=lambda d, names: names if Path(d) == shared / "tmp" else [])
+    def skipped(folder: str, names: list[str]) -> list[str]:
+        if Path(folder) == shared / "tmp":
+            return names
+        if Path(folder) == shared / "repos":
+            return [name for name in names if name != repo]
+        return []
+
+    shutil.copytree(shared, dest, copy_function=place, symlinks=True, ignore=skipped)

@@ -99,9 +99,10 @@ def pytest_testnodedown(node, error) -> None:
 HOST_FIXTURES = frozenset({"one_host", "fleet", "fresh_host", "fresh_fleet", "host_factory"})
 
 
-# The files that took longest in CI (the kill matrices: every git child of apply and
-# revert killed twice, ~10 min each on this 2-core machine class), dealt out first.
-LONGEST = ("test_hardening_kills_ssh.py", "test_hardening_kills.py")
+# The files that take longest (the kill matrices: every git child of apply and of revert
+# killed twice, 5-7 min each on this 2-core machine class), dealt out first.
+LONGEST = ("test_hardening_kills_ssh.py", "test_hardening_kills.py",
+           "test_hardening_kills_revert.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -100,7 +100,7 @@ HOST_FIXTURES = frozenset({"one_host", "fleet", "fresh_host", "fresh_fleet", "ho
 
 
 # The files that take longest (the kill matrices: every git child of apply and of revert
-# killed twice, 5-7 min each on this 2-core machine class), dealt out first.
+# killed twice, 2-6 min each on this 2-core machine class), dealt out first.
 LONGEST = ("test_hardening_kills_ssh.py", "test_hardening_kills.py",
            "test_hardening_kills_revert.py")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A `git` for the kill tests: put first on PATH (locally) or at /usr/local/bin/git (on a
-test host), it runs the real git, except at call number N, where it SIGKILLs a running
-git child the way a crash does: while that git holds its locks.
+"""A `git` for the kill tests: first on PATH (locally, through the launcher the gitkill
+fixture writes, which names the real git) or at /usr/local/bin/git (on a test host), it
+runs the real git, except at call number N, where it SIGKILLs a running git child the way
+a crash does: while that git holds its locks.
 
 Standard library only (it runs on the nspawn hosts). Controlled by files in $GITKILL_DIR
 (default /run/gitkill), so nothing reaches it through the agent's environment:
@@ -37,6 +38,10 @@ exec sleep 30
 
 
 def real_git() -> str:
+    """$GITKILL_REAL_GIT (set by the local launcher), else the first other git on PATH."""
+    explicit = os.environ.get("GITKILL_REAL_GIT")
+    if explicit:
+        return explicit
     me = os.path.realpath(__file__)
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         candidate = os.path.join(folder or ".", "git")

@@ -1,6 +1,6 @@
 """Issue 25, class 7, the revert half of test_hardening_kills.py's local kill matrix: a
 file of its own so that the test runner (--dist loadfile) deals it to another worker than
-the apply half; each takes about 7 minutes, together they were the longest file."""
+the apply half (together they were the longest file of the suite)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 import conftest
 from tests.hosts import ports
 
@@ -43,12 +45,8 @@ def test_a_port_another_process_reserved_is_never_handed_out(tmp_path, monkeypat
         held = int(holder.stdout.readline())
         assert held == lo
         assert ports._try_lock(lo) is None and ports._try_lock(lo + 1) is None
-        try:
+        with pytest.raises(RuntimeError, match=f"{lo}-{lo + 2}"):
             ports.reserve_port(lo, lo + 2)
-        except RuntimeError as exc:
-            assert f"{lo}-{lo + 2}" in str(exc)
-        else:
-            raise AssertionError("a port another process holds was handed out")
     finally:
         holder.communicate("")
     port = ports.reserve_port(lo, lo + 2, span=2)     # released when the holder exited
@@ -56,7 +54,6 @@ def test_a_port_another_process_reserved_is_never_handed_out(tmp_path, monkeypat
     assert ports.reserve_port(lo, lo + 3) == lo + 2   # never twice in one process
     for fd in ports._held.values():
         os.close(fd)
-
 
 
 def test_a_port_something_listens_on_is_never_handed_out(tmp_path, monkeypatch) -> None:
@@ -67,13 +64,10 @@ def test_a_port_something_listens_on_is_never_handed_out(tmp_path, monkeypatch) 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         port = busy.getsockname()[1]
-        try:
+        with pytest.raises(RuntimeError, match=f"{port}-{port + 1}"):
             ports.reserve_port(port, port + 1)
-        except RuntimeError as exc:
-            assert f"{port}-{port + 1}" in str(exc)
-        else:
-            raise AssertionError("a port a socket is bound to was handed out")
     assert not ports._held
+
 
 def test_each_hostile_world_has_its_own_cache(world) -> None:
     shared = conftest._test_cache()

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+from patchset.agent import wire
 from patchset.agent.facts import checkpoint as ck
 from patchset.agent.facts import gpu, http, journal, procs, systemd, trace, tree
 from patchset.agent.facts.base import Fact, FactValue
 from .model import Checkpoint, HostFacts, Proc, Server, Unit
 
 
-def build(host: str, result: dict) -> HostFacts:
-    """Parse one host's gather result; a failed gathering is a HostFacts saying why."""
-    if not result.get("ok"):
-        error = result.get("error") or {}
-        why = error.get("message") if isinstance(error, dict) else str(error)
+def build(host: str, result: wire.AuditResult | wire.Failure) -> HostFacts:
+    """Parse one host's typed gather result; a failed gathering is a HostFacts saying why.
+    The envelope is the wire's record; only `raw` is free-form, read by the fact parsers."""
+    if isinstance(result, wire.Failure):
         return HostFacts(host=host, reachable=True,
-                         error=f"the gatherer failed: {why or 'no result'}")
-    raw = result["raw"]
-    facts = HostFacts(host=host, hostname=result.get("hostname"),
-                      duration_ms=float(result.get("duration_ms") or 0.0))
+                         error=f"the gatherer failed: {result.message or 'no result'}")
+    raw = result.raw
+    facts = HostFacts(host=host, hostname=result.hostname, duration_ms=result.duration_ms)
     facts.clock = procs.HostClock().collect(raw.get("clock"))
     facts.gpus = gpu.GpuList().collect(raw.get("gpus"))
     facts.tree = (tree.TreeStatus().collect(raw["tree"]) if raw.get("tree") is not None

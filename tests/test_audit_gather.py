@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from patchset.auditor import api, hostfacts, report
+from patchset.agent import wire
 from patchset.agent import gather, wire
 from patchset.transport import AGENT_NAME, agent_files, bundle
 from tests.hosts.ports import reserve_port
@@ -99,7 +100,7 @@ def test_gather_finds_the_server_its_children_and_its_facts(server, gathered, mo
     srv = mine[0]
     assert sorted(c["title"] for c in srv["children"]) == [
         "sglang::detokenizer", "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
-    facts = hostfacts.build("localhost", gathered)
+    facts = hostfacts.build("localhost", wire.decode_result("audit", gathered))
     found = next(s for s in facts.servers if s.main.pid == server["pid"])
     assert found.server_info.known, found.server_info.reason      # authenticated with the key
     assert found.server_info.value["moe_runner_backend"] == "triton"
@@ -119,7 +120,7 @@ def test_gather_finds_the_server_its_children_and_its_facts(server, gathered, mo
 def test_secrets_are_redacted_on_the_host_with_comparable_tags(gathered, server) -> None:
     text = json.dumps(gathered)
     assert SECRET not in text and TOKEN not in text
-    facts = hostfacts.build("localhost", gathered)
+    facts = hostfacts.build("localhost", wire.decode_result("audit", gathered))
     found = next(s for s in facts.servers if s.main.pid == server["pid"])
     key_arg = found.argv[found.argv.index("--api-key") + 1]
     assert key_arg.startswith("<redacted:") and found.server_info.value["api_key"] == key_arg

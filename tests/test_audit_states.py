@@ -12,6 +12,7 @@ import pytest
 from audit_facts import synth
 
 from patchset.auditor.states import evaluate_host, holds
+from patchset.agent import wire
 from patchset.model import Requirement
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
@@ -153,7 +154,8 @@ def test_schedulers_that_disagree_are_unknown(series, seed) -> None:
     child = result["raw"]["servers"][1]["children"][2]["environ"]
     child["stdout"] = child["stdout"].replace("MMA_FLASHMLA=1", "MMA_FLASHMLA=0")
     from patchset.auditor import hostfacts
-    st = {(s.server, s.patch): s for s in evaluate_host(series, hostfacts.build("gpu1", result))}
+    facts = hostfacts.build("gpu1", wire.decode_result("audit", result))
+    st = {(s.server, s.patch): s for s in evaluate_host(series, facts)}
     reason = st[(D, "mma-splitk-decode")].reason
     assert st[(D, "mma-splitk-decode")].state == "unknown"
     assert "the scheduler processes disagree on MMA_FLASHMLA: sglang::scheduler_TP0=1, " \

@@ -589,7 +589,7 @@ def test_the_bundle_ships_the_redactor() -> None:
 def with_files(seed: dict, series, edit) -> list:
     raw = synth.gather_result(seed, series)
     edit(raw["raw"])
-    return api.evaluate(series, [hostfacts.build("gpu1", raw)]).findings
+    return api.evaluate(series, [hostfacts.build("gpu1", agentwire.decode_result("audit", raw))]).findings
 
 
 def secret_findings(findings) -> dict:

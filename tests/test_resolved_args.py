@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 from audit_facts import synth
 
 from patchset.auditor import api, hostfacts, policy, report
+from patchset.agent import wire
 from patchset.auditor.render import render
 from patchset.auditor.resolved import ANY
 from hostutil import cli
@@ -57,7 +58,7 @@ def facts(series, desc: dict, logs: dict[str, dict] | None = None):
     for spec, rec in zip(desc["servers"], result["raw"]["servers"]):
         if logs and spec["unit"] in logs:
             rec["server_args_log"] = logs[spec["unit"]]
-    return hostfacts.build("gpu1", result)
+    return hostfacts.build("gpu1", wire.decode_result("audit", result))
 
 
 def findings(series, desc: dict, logs: dict | None = None, symptom: str | None = None):
@@ -79,7 +80,7 @@ def with_config(series, desc: dict, *keys: str):
     result = synth.gather_result(desc, series)
     result["raw"]["servers"][0]["config_file"] = config_file(*keys)      # servers[0]: P
     return {(f.id, f.subject.split()[0]): f for f in api.evaluate(
-        series, [hostfacts.build("gpu1", result)]).findings}
+        series, [hostfacts.build("gpu1", wire.decode_result("audit", result))]).findings}
 
 
 def server(desc: dict, unit: str) -> dict:

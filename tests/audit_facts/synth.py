@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from patchset.api import base_files
+from patchset.agent import wire
 from patchset.model import Series
 
 BTIME = 1_795_000_000
@@ -261,4 +262,4 @@ def variant(series: Series, **changes: dict) -> Series:
 
 def facts(desc: dict, series: Series, host: str = "gpu1"):
     from patchset.auditor import hostfacts
-    return hostfacts.build(host, gather_result(desc, series))
+    return hostfacts.build(host, wire.decode_result("audit", gather_result(desc, series)))

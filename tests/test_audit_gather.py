@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from patchset.auditor import api, hostfacts, report
-from patchset.agent import wire
 from patchset.agent import gather, wire
 from patchset.transport import AGENT_NAME, agent_files, bundle
 from tests.hosts.ports import reserve_port

@@ -257,9 +257,6 @@ def adopt_cmd(host: str = typer.Argument(..., help="inventory name, user@host[:p
     from ..interop import ImportMeta
     ImportMeta(tier=tier, path=path)                     # bad flags before any host is read
     s = load(series)
-    if write and s.patches and not force:
-        raise UsageError(f"{s.manifest}: already holds a series ({len(s.patches)} patches); "
-                         "pass --force to replace it")
     options = AdoptOptions(checkout=checkout, split=split, tier=tier, path=path,
                            offline=offline, author=author)
     with resolver_for(s, inventory, target, accept_new) as resolver:
@@ -281,11 +278,13 @@ def adopt_cmd(host: str = typer.Argument(..., help="inventory name, user@host[:p
 def _render_adopt(result) -> None:
     console = term()
     b = result.base
+    shown = "unknown" if b.matching is None else str(b.matching)
     console.print(f"{result.host}:{result.target} ({result.layout} layout)", markup=False)
-    console.print(f"base: {b.label}: {b.matching} of {b.compared} served files match the "
-                  "pin", markup=False)
+    console.print(f"base: {b.label}: {shown} of {b.compared} served files match it",
+                  markup=False)
     for c in result.candidates:
-        console.print(f"  candidate {c.label}: {c.matching}/{c.compared} files match",
+        matching = "unknown" if c.matching is None else c.matching
+        console.print(f"  candidate {c.label}: {matching}/{c.compared} files match",
                       markup=False)
     for p in result.patches:
         gate = f" gate {p.gate['env']}={p.gate['on']}" if p.gate else ""
@@ -297,6 +296,11 @@ def _render_adopt(result) -> None:
             console.print(f"      guards {', '.join(p.guards)}", markup=False)
     for c in result.left_out:
         console.print(f"  left out {c.commit[:12]} {c.subject}: {c.why}", markup=False)
+    for blocker in result.blockers:
+        console.print(f"  --write refuses: {blocker.what}: {blocker.why}", markup=False)
+    if not result.blockers:
+        console.print(f"checked: the pin + these patches give all {result.reproduced} served "
+                      "files exactly", markup=False)
     for note in result.notes:
         say(note)
     if result.written:

@@ -308,6 +308,13 @@ def import_from(series: Series, source: ImportSource, meta: ImportMeta, progress
 def import_patches(series: Series, items: list[Incoming], meta: ImportMeta,
                    progress=None, offline: bool = False) -> ImportResult:
     """Check every incoming patch on the pin (+ the series), then write them all or none."""
+    return write_entries(series, build_patches(series, items, meta, progress, offline))
+
+
+def build_patches(series: Series, items: list[Incoming], meta: ImportMeta,
+                  progress=None, offline: bool = False) -> list[_Built]:
+    """Every incoming patch checked on the pin (+ the series) and rendered; nothing is
+    written (write_entries writes them)."""
     from .upstream import materialize, provision
     if not items:
         raise UsageError("nothing to import")
@@ -317,8 +324,7 @@ def import_patches(series: Series, items: list[Incoming], meta: ImportMeta,
         for patch in series.patches:
             apply_diff(work, (Path(series.root) / patch.file).read_text(encoding="utf-8"), 1,
                    str(Path(series.root) / patch.file), patch.name)
-        built = _build_all(series, items, meta, work)
-    return write_entries(series, built)
+        return _build_all(series, items, meta, work)
 
 
 def _check_meta(meta: ImportMeta) -> None:
@@ -424,15 +430,23 @@ def _same_changes(diff: str, fresh: str) -> bool:
 
 # ---------------------------------------------------------------- writing
 
-def write_entries(series: Series, built: list[_Built]) -> ImportResult:
-    """Validate the new manifest with the new files in a copy, then move them in."""
+def write_entries(series: Series, built: list[_Built], replace: bool = False) -> ImportResult:
+    """Validate the new manifest with the new files in a copy, then move them in: each
+    patch file, then the manifest (the one file that makes them the series). `replace`:
+    the built entries become the whole series (adopt --force): the old series' files may
+    be written over; any other existing file only where it already holds this patch (a
+    killed write's), never a file of someone else's."""
     from .manifest import load_series
     root = Path(series.root)
     manifest = Path(series.manifest)
-    new_manifest = _append_entries(manifest.read_text(encoding="utf-8"), built)
+    text = manifest.read_text(encoding="utf-8")
+    new_manifest = _replace_series(text, built) if replace else _append_entries(text, built)
+    ours = {p.file for p in series.patches} if replace else set()
     for b in built:
-        if (root / b.entry.file).exists():
-            raise ManifestError(str(root / b.entry.file), None, "file", "already exists; "
+        path = root / b.entry.file
+        if path.exists() and b.entry.file not in ours and not (
+                path.is_file() and same_patch(path.read_bytes(), b.text.encode("utf-8"))):
+            raise ManifestError(str(path), None, "file", "already exists; "
                                 "remove it or rename the incoming patch")
     with tempfile.TemporaryDirectory(prefix="patchset-import-check-") as tmp:
         check = Path(tmp)
@@ -448,6 +462,63 @@ def write_entries(series: Series, built: list[_Built]) -> ImportResult:
         _write_atomic(root / b.entry.file, b.text, root)
     _write_atomic(manifest, new_manifest, root)
     return ImportResult(manifest=str(manifest), patches=[b.entry for b in built])
+
+
+def same_patch(a: bytes, b: bytes) -> bool:
+    """The same patch file but for the day it was written (its Last-Update line)."""
+    strip = lambda data: re.sub(rb"(?m)^Last-Update: [^\n]*\n", b"", data, count=1)
+    return strip(a) == strip(b)
+
+
+def holds(series: Series, built: list[_Built]) -> bool:
+    """The series is exactly these built entries already (names, files, bytes but for the
+    day): what a write that was killed after its manifest left."""
+    if [(p.name, p.file) for p in series.patches] != [(b.entry.name, b.entry.file)
+                                                       for b in built]:
+        return False
+    root = Path(series.root)
+    return all(same_patch((root / b.entry.file).read_bytes(), b.text.encode("utf-8"))
+               for b in built)
+
+
+def _replace_series(text: str, built: list[_Built]) -> str:
+    """The manifest with its top-level `series` (however its key is written: quoted, flow
+    or block) replaced by the built entries, everything else kept as it is. The key is
+    found by the YAML parser, never by a pattern on the text."""
+    import yaml
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise ManifestError("patches.yaml", None, "series", f"not YAML: {exc}") from None
+    found = None
+    if isinstance(root, yaml.MappingNode):
+        found = next(((k, v) for k, v in root.value
+                      if isinstance(k, yaml.ScalarNode) and k.value == "series"), None)
+    if found is None:
+        raise ManifestError("patches.yaml", None, "series", "no top-level `series` key")
+    key, value = found
+    lines = text.split("\n")
+    first = key.start_mark.line
+    end = value.end_mark.line if value.end_mark.column == 0 else value.end_mark.line + 1
+    end = max(end, first + 1)
+    while end > first + 1 and (not lines[end - 1].strip()
+                               or lines[end - 1].lstrip().startswith("#")):
+        end -= 1
+    entries = _entries(built)
+    if entries:
+        block = yaml.safe_dump(entries, sort_keys=False, default_flow_style=None, width=1000)
+        new = ["series:"] + ["  " + line if line else line
+                             for line in block.rstrip("\n").split("\n")]
+    else:
+        new = ["series: []"]
+    return "\n".join(lines[:first] + new + lines[end:]).rstrip("\n") + "\n"
+
+
+def _entries(built: list[_Built]) -> list[dict]:
+    return [{"name": b.entry.name, "file": b.entry.file, "summary": b.summary,
+             "tier": b.tier, "path": b.path, "gate": b.gate, "requires": [],
+             "depends": b.entry.depends, "conflicts": [], "upstream_status": "pending"}
+            for b in built]
 
 
 def _append_entries(text: str, built: list[_Built]) -> str:
@@ -466,10 +537,7 @@ def _append_entries(text: str, built: list[_Built]) -> str:
         end -= 1
     if re.fullmatch(r"series:\s*\[\s*\]\s*(#.*)?", lines[start]):
         lines[start] = "series:"
-    entries = [{"name": b.entry.name, "file": b.entry.file, "summary": b.summary,
-                "tier": b.tier, "path": b.path, "gate": b.gate, "requires": [],
-                "depends": b.entry.depends, "conflicts": [], "upstream_status": "pending"}
-               for b in built]
+    entries = _entries(built)
     block = yaml.safe_dump(entries, sort_keys=False, default_flow_style=None, width=1000)
     indented = [indent + line if line else line for line in block.rstrip("\n").split("\n")]
     out = lines[:end] + indented + lines[end:]

@@ -217,7 +217,7 @@ def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
     difference either way leaves no state behind."""
     from patchset.agent import adoption
     site = fork["site"]
-    served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))
+    served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))[0]
     state = {"format": 2, "updated": "", "kind": "plain", "layout": "wheel", "upstream": None,
              "base": {"commit": fork["pin"], "files": {}}, "applied": [], "files": {}}
     moved = dict(served, **{"python/sglang/version.py": "0" * 40})
@@ -237,7 +237,7 @@ def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
     assert not (site / ".patchset").exists()
     (site / ".patchset").mkdir()                 # what a killed adopt leaves: no state
     monkeypatch.setattr(adoption, "_record", real)
-    served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))
+    served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))[0]
     result = adoption.run(request(served), site)
     assert isinstance(result, adoption.AdoptResult)
     assert (site / ".patchset" / "state.json").is_file()

@@ -174,17 +174,38 @@ class Target:
         except StateError as exc:
             raise EngineError(str(exc)) from None
 
-    def ensure_meta(self) -> None:
-        self.meta.mkdir(exist_ok=True)
-        (self.meta / "objects").mkdir(exist_ok=True)
-        (self.meta / "patches").mkdir(exist_ok=True)
+    def ensure_meta(self) -> dict[str, Any]:
+        """.patchset/ with objects/ and patches/, and on a git tree its exclude line; what
+        this call made, so a caller that must undo exactly its own work can (adopt):
+        {"dirs": [made, outermost first], "exclude": (path, its old text or None) or None}.
+        A .patchset, objects/ or patches/ that is a link or not a directory is refused
+        (usage) before anything is made: nothing is ever made through a link."""
+        wanted = [self.meta, self.meta / "objects", self.meta / "patches"]
+        missing = []
+        for folder in wanted:
+            try:
+                mode = os.lstat(folder).st_mode
+            except FileNotFoundError:
+                missing.append(folder)
+                continue
+            if not stat.S_ISDIR(mode):
+                what = "a regular file" if stat.S_ISREG(mode) else safewrite.describe(mode)
+                raise EngineError(f"{folder} is {what}, not a directory: "
+                                  "move it aside (nothing was changed)", "usage")
+        made: dict[str, Any] = {"dirs": [], "exclude": None}
+        for folder in missing:
+            folder.mkdir()
+            made["dirs"].append(folder)
         if self.is_git:
             exclude = self.git_paths()["exclude"]
-            text = exclude.read_text() if exclude.exists() else ""
-            if f"/{META}/" not in text.split("\n"):
+            text = exclude.read_text() if exclude.exists() else None
+            if f"/{META}/" not in (text or "").split("\n"):
+                old = text or ""
+                made["exclude"] = (exclude, text, not exclude.parent.exists())
                 exclude.parent.mkdir(parents=True, exist_ok=True)
-                safewrite.write_file(exclude, (text + ("" if text.endswith("\n") or not text
-                                                       else "\n") + f"/{META}/\n").encode())
+                safewrite.write_file(exclude, (old + ("" if old.endswith("\n") or not old
+                                                      else "\n") + f"/{META}/\n").encode())
+        return made
 
     # content store: git objects on a git tree, .patchset/objects on a plain one
     def read_blob(self, blob: str) -> bytes:

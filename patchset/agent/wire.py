@@ -327,6 +327,7 @@ class Commit(Message):
     body: str
     diff: str                        # package paths only, --full-index, git layout
     author: str = ""                 # Name <email>
+    files: List[str] = dataclasses.field(default_factory=list)   # git paths it changes
 
 
 @dataclasses.dataclass
@@ -338,6 +339,7 @@ class GitFacts(Message):
     commits: List[Commit]
     head_files: Dict[str, str]       # git path -> blob at HEAD (package files)
     dirty: List[str]                 # uncommitted changes in the checkout
+    more_commits: int = 0            # package commits after the base past the limit: unlisted
 
 
 @dataclasses.dataclass
@@ -350,6 +352,10 @@ class InventoryResult(Result):
     git: Optional[GitFacts] = None
     served: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)  # latin-1
     at_head: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    special: Dict[str, str] = dataclasses.field(default_factory=dict)  # path -> a link, ...
+    executable: List[str] = dataclasses.field(default_factory=list)    # regular, mode +x
+    not_read: Dict[str, str] = dataclasses.field(default_factory=dict)  # asked, refused: why
+    deferred: List[str] = dataclasses.field(default_factory=list)       # asked: next request
 
 
 @dataclasses.dataclass

@@ -76,10 +76,37 @@ def served_files(target: engine.Target) -> tuple[dict[str, str], dict[str, str],
             if not stat.S_ISREG(mode):
                 special[rel] = _describe(mode)
                 continue
-            files[rel] = engine.file_blob(path) or ""
+            files[rel] = _blob_of(path)
             if mode & 0o111:
                 executable.append(rel)
     return files, special, sorted(executable)
+
+
+def _blob_of(path: Path) -> str:
+    """The git blob id of a regular file, read in chunks (a huge file costs time, never
+    memory), opened without following a link or blocking on a FIFO swapped in."""
+    import hashlib
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(str(path), flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise engine.EngineError(f"{path} changed while it was read (now "
+                                     f"{_describe(info.st_mode)}): run adopt again", "target")
+        digest = hashlib.sha1(b"blob %d\0" % info.st_size)
+        seen = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            digest.update(chunk)
+            seen += len(chunk)
+    finally:
+        os.close(fd)
+    if seen != info.st_size:
+        raise engine.EngineError(f"{path} changed while it was read: run adopt again",
+                                 "target")
+    return digest.hexdigest()
 
 
 def _describe(mode: int) -> str:

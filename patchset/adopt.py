@@ -149,7 +149,11 @@ def plan(series: Series, transport: Transport, options: AdoptOptions,
         raise UsageError(f"{transport.host}: {inv.target} is already managed by patchset; "
                          "adopt takes an unmanaged tree (see `patchset status`)")
     scope = f"{pin.git_prefix}{pin.name}/"
-    pin_tree = _tree_at(base.repo, base.commit, scope) or {}
+    pin_tree = _tree_at(base.repo, base.commit, scope)
+    if pin_tree is None:
+        raise UsageError(f"the pin commit {base.commit[:12]} cannot be listed in the cache "
+                         f"({base.repo}): run the command again to fetch it; nothing was "
+                         "changed")
     pin_files = {p: blob for p, (_, blob) in pin_tree.items()}
     blockers = [Blocker(_shown(p), f"{what}: not compared (adopt compares regular files "
                         "only)") for p, what in sorted(inv.special.items())]
@@ -181,8 +185,9 @@ def plan(series: Series, transport: Transport, options: AdoptOptions,
                          "file (an upstream commit left out, or a file that cannot be a "
                          "patch)") for p in wrong if _shown(p) not in refused]
     return AdoptPlan(transport.host, inv.target, inv.layout, chosen, candidates, patches,
-                     left_out, served=inv.files, pin=pin_files, notes=_notes(inv, chosen, pin_tree),
-                     blockers=blockers, reproduced=reproduced)
+                     left_out, served=inv.files, pin=pin_files,
+                     notes=_notes(inv, chosen, pin_tree), blockers=blockers,
+                     reproduced=reproduced)
 
 
 def _served_path(path: str) -> bool:

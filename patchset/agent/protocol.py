@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Any, Callable
 
-PROTOCOL = 2      # 2: typed requests and results (wire.py), exact types checked
+PROTOCOL = 3      # 2: typed requests and results (wire.py); 3: adopt's inventory says what it could not read (special, executable, not_read, deferred) and commits their files
 # the ops, by the part of the agent that serves them (main.py dispatches on these)
 TREE_OPS = ("apply", "revert", "status", "capture", "bisect-mark")     # engine.py
 UNIT_OPS = ("facts", "deploy")                                         # deployer.py

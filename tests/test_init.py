@@ -4,7 +4,9 @@ never an overwrite, bad input exit 2 with nothing written."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -119,3 +121,55 @@ def test_a_directory_that_cannot_hold_it_is_one_line_exit_2(tmp_path: Path, caps
                         "--offline")
     assert code == Exit.BAD_INPUT and "cannot write the new series" in err
     assert len(err.strip().splitlines()) == 1 and (tmp_path / "afile").read_text() == "x\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link", "link to a directory", "fifo"])
+def test_a_patches_that_is_not_a_real_directory_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys, monkeypatch, kind: str) -> None:
+    """`patches` is looked at before the manifest is written: exit 2 naming it, and the
+    directory holds what it held (a re-run fails the same way, not "already exists")."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, _ = fork(tmp_path)
+    series = tmp_path / "s"
+    series.mkdir()
+    patches = series / "patches"
+    if kind == "file":
+        patches.write_text("not a directory\n")
+    elif kind == "dangling link":
+        patches.symlink_to(tmp_path / "nowhere")
+    elif kind == "link to a directory":
+        (tmp_path / "elsewhere").mkdir()
+        patches.symlink_to(tmp_path / "elsewhere")
+    else:
+        os.mkfifo(patches)
+    for _ in range(2):
+        code, _, err = init(capsys, str(series), "--git", f"file://{repo}", "--ref", "main")
+        assert code == Exit.BAD_INPUT and f"{patches}: exists and is not a directory" in err
+        assert len(err.strip().splitlines()) == 1
+        assert sorted(os.listdir(series)) == ["patches"]
+    assert not (tmp_path / "nowhere").exists()
+    assert kind != "link to a directory" or not os.listdir(tmp_path / "elsewhere")
+
+
+def test_a_failure_while_writing_leaves_nothing_behind(tmp_path: Path, capsys,
+                                                       monkeypatch) -> None:
+    """The manifest's link is the last step; when it fails, patches/, the staged file and
+    the directories init created are gone again."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, _ = fork(tmp_path)
+
+    def refuse(*_args, **_kw):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(os, "link", refuse)
+    code, _, err = init(capsys, str(tmp_path / "new" / "s"), "--git", f"file://{repo}",
+                        "--ref", "main")
+    assert code == Exit.BAD_INPUT and "Read-only file system" in err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "t").mkdir()
+    code, _, err = init(capsys, str(tmp_path / "t"), "--git", f"file://{repo}", "--ref", "main")
+    assert code == Exit.BAD_INPUT and os.listdir(tmp_path / "t") == []
+    monkeypatch.undo()
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    code, _, err = init(capsys, str(tmp_path / "t"), "--git", f"file://{repo}", "--ref", "main")
+    assert code == Exit.OK, err
+    assert sorted(os.listdir(tmp_path / "t")) == ["patches", "patches.yaml"]

@@ -26,6 +26,7 @@ from .manifest import load_series
 from .model import GitPin, PypiPin, UpstreamPin
 from .pinrules import git_ref_problem, git_url_problem, requirement_problem
 from .progress import NullProgress, Progress
+from .validate import PLATFORM, PYTHON_VERSION
 
 SGLANG_GIT = "https://github.com/sgl-project/sglang.git"
 DEFAULT_PYTHON = "3.11"
@@ -59,6 +60,10 @@ def init_series(req: InitRequest, cache: Path | None = None,
     manifest = req.directory / "patches.yaml"
     if os.path.lexists(manifest):
         raise UsageError(f"{manifest}: already exists; init never overwrites a manifest")
+    for flag, value, rule in (("--python-version", req.python_version, PYTHON_VERSION),
+                              ("--platform", req.platform, PLATFORM)):
+        if not rule.ok(value):                  # before the network: a pip option is none
+            raise UsageError(f"{flag} {value!r}: not {rule.what}")
     _check_directory(req.directory)
     _check_patches_dir(req.directory / "patches")
     pin, how = (_release(req, cache, progress) if req.requirement is not None

@@ -311,17 +311,29 @@ def _cached_wheel(pin: UpstreamPin, want: PypiPin, record: Path, cache: Path,
                   progress: Progress) -> PypiPin | None:
     """The release's wheel already in the cache (an earlier provision or download) for
     the wanted Python and platform, hashed and recorded; None when there is none."""
-    dist = re.sub(r"[-_.]+", "_", pin.name).lower()
-    py = "cp" + want.python_version.replace(".", "")
     found = [w for w in sorted((cache / "wheels").glob("*.whl"))
-             if w.name.lower().startswith(f"{dist}-{pin.version}-")
-             and (f"-{py}-" in w.name or "-py3-" in w.name) and want.platform in w.name
+             if _wheel_fits(w.name, pin.name, pin.version, want)
              and w.is_file() and not w.is_symlink()]
     if len(found) != 1:
         return None
     got = dataclasses.replace(want, file=found[0].name, sha256=_sha256(found[0], progress))
     _record(record, got)
     return got
+
+
+def _wheel_fits(file: str, name: str, version: str, want: PypiPin) -> bool:
+    """Whether a wheel file name is `name` `version` for the wanted Python and platform,
+    by its tags (NAME-VERSION[-BUILD]-PY-ABI-PLATFORM.whl, each tag a `.`-separated set),
+    compared whole: `x86_64` is not `manylinux_2_34_x86_64`. A pure wheel (`any`) fits
+    every platform, as pip takes it."""
+    parts = file[:-len(".whl")].split("-") if file.endswith(".whl") else []
+    if len(parts) not in (5, 6):
+        return False
+    dist = re.sub(r"[-_.]+", "_", name).lower()
+    py_tags, platforms = parts[-3].split("."), parts[-1].split(".")
+    return (parts[0].lower() == dist and parts[1] == version
+            and ("cp" + want.python_version.replace(".", "") in py_tags or "py3" in py_tags)
+            and (want.platform in platforms or "any" in platforms))
 
 
 def _moved_ref(ref: str, old: str, new: str) -> str:

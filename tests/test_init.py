@@ -173,3 +173,51 @@ def test_a_failure_while_writing_leaves_nothing_behind(tmp_path: Path, capsys,
     code, _, err = init(capsys, str(tmp_path / "t"), "--git", f"file://{repo}", "--ref", "main")
     assert code == Exit.OK, err
     assert sorted(os.listdir(tmp_path / "t")) == ["patches", "patches.yaml"]
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--platform", "-x"), ("--platform", "a b"), ("--platform", "--index-url=http://evil"),
+    ("--python-version", "../../x"), ("--python-version", "3"), ("--python-version", "-3.11"),
+])
+def test_a_bad_python_version_or_platform_is_exit_2_before_the_network(
+        tmp_path: Path, capsys, monkeypatch, flag: str, value: str) -> None:
+    """Their form is checked up front (offline, an unchecked value gave exit 4 'not
+    fetched'; online it would have reached pip): exit 2 naming the flag, nothing written."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    code, _, err = init(capsys, str(tmp_path / "s"), "--pin", "sglang==0.5.14", "--offline",
+                        f"{flag}={value}")
+    assert code == Exit.BAD_INPUT and flag in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("platform", ["x86_64", "manylinux_2_34", "linux"])
+def test_offline_a_cached_wheel_is_taken_only_for_its_exact_platform_tag(
+        tmp_path: Path, capsys, monkeypatch, pinned_wheel: Path, platform: str) -> None:
+    """A part of the wheel's platform tag is not that platform: the manylinux_2_34_x86_64
+    wheel is never pinned (and recorded) as the wheel for `--platform x86_64`."""
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    shutil.copy(pinned_wheel, cache / "wheels" / pinned_wheel.name)
+    monkeypatch.setenv("PATCHSET_CACHE", str(cache))
+    code, _, err = init(capsys, str(tmp_path / "s"), "--pin", "sglang==0.5.14", "--offline",
+                        "--platform", platform)
+    assert code != Exit.OK and "offline" in err, err
+    assert not (tmp_path / "s").exists() and not list((cache / "tofu").glob("*.json"))
+
+
+def test_wheel_tags_are_compared_whole() -> None:
+    from patchset.model import PypiPin
+    from patchset.upstream import _wheel_fits
+    want = PypiPin("sglang==0.5.14", "", "", "3.11", "manylinux_2_34_x86_64")
+    fits = ["sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "sglang-0.5.14-1-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "sglang-0.5.14-cp311-cp311-manylinux_2_17_x86_64.manylinux_2_34_x86_64.whl",
+            "sglang-0.5.14-py3-none-any.whl"]
+    misfits = ["sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64_extra.whl",
+               "sglang-0.5.14-cp311-cp311-x_manylinux_2_34_x86_64.whl",
+               "sglang-0.5.14-cp312-cp312-manylinux_2_34_x86_64.whl",
+               "sglang-0.5.140-cp311-cp311-manylinux_2_34_x86_64.whl",
+               "sglang_router-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
+               "sglang-0.5.14-cp311-manylinux_2_34_x86_64.whl"]
+    assert [f for f in fits if _wheel_fits(f, "sglang", "0.5.14", want)] == fits
+    assert [f for f in misfits if _wheel_fits(f, "sglang", "0.5.14", want)] == []

@@ -119,8 +119,11 @@ def _commit(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[U
                           ("--ref", git_ref_problem(req.ref))):
         if problem:
             raise UsageError(f"{what}: {problem}")    # named as the user typed it
-    return upstream.pin_for_commit(req.git_url, req.ref, None, cache, progress,
-                                   req.offline), "git commit"
+    try:
+        return upstream.pin_for_commit(req.git_url, req.ref, None, cache, progress,
+                                       req.offline), "git commit"
+    except upstream.MissingRef as e:
+        raise UsageError(f"--ref {req.ref!r}: {e.why}") from e
 
 
 def render(pin: UpstreamPin) -> str:

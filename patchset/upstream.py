@@ -42,7 +42,7 @@ from .errors import Unreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
 
-__all__ = ["BaseTree", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
+__all__ = ["BaseTree", "MissingRef", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
            "provision"]
 
 IDENTITY = "patchset <patchset@invalid>"
@@ -77,6 +77,33 @@ _PIP_UNREACHABLE = re.compile(
     r"|ProxyError|SSLError|Network is unreachable|Connection refused|connection broken",
     re.IGNORECASE,
 )
+# What git prints when it could not talk to the repository at all (no answer, no such
+# host or repository, refused), as opposed to "it answered: no such ref".
+_GIT_UNREACHABLE = re.compile(
+    r"Could not resolve host|Could not resolve hostname|Temporary failure in name resolution"
+    r"|Name or service not known|Connection refused|Connection timed out|Connection reset"
+    r"|Operation timed out|Network is unreachable|No route to host|Failed to connect"
+    r"|unable to access|Could not read from remote repository"
+    r"|does not appear to be a git repository|repository '[^']*' not found"
+    r"|Repository not found|the remote end hung up unexpectedly",
+    re.IGNORECASE,
+)
+_HEX40 = re.compile(r"[0-9a-fA-F]{40}")
+# What git prints when the repository answered but has no such ref (or commit).
+_GIT_NO_REF = re.compile(r"couldn't find remote ref|not our ref|no such remote ref",
+                         re.IGNORECASE)
+
+
+class MissingRef(UsageError):
+    """The repository answered, and it has no such branch, tag or commit: bad input
+    (exit 2), not a network failure. `ref`, `url` and `why` for callers that name the
+    option the ref came from."""
+
+    def __init__(self, ref: str, url: str) -> None:
+        self.ref, self.url = ref, url
+        self.why = (f"no such commit at {url} (or the server does not serve commits by id)"
+                    if _HEX40.fullmatch(ref) else f"no such branch, tag or commit at {url}")
+        super().__init__(f"{ref!r}: {self.why}")
 
 
 @dataclass(frozen=True)
@@ -515,7 +542,11 @@ def _populate(
     if pin.git is not None and not offline:
         try:
             return _from_git(pin, pin.git, work, progress)
-        except UpstreamError as e:
+        except (UpstreamError, Unreachable, MissingRef) as e:
+            if pin.pypi is None and isinstance(e, MissingRef) and pinrules.located(pin):
+                raise pinrules.pin_error(pin, ("git", "ref"), str(e)) from e      # exit 2
+            if pin.pypi is None and isinstance(e, (Unreachable, MissingRef)):
+                raise               # no fallback: no such ref is exit 2, no answer exit 3
             reason = str(e)
             shutil.rmtree(work)
             work.mkdir()
@@ -604,8 +635,13 @@ def history(url: str, start: str, end: str, cache: Path | None = None,
             if offline:
                 continue
             with progress.task(f"git: fetching {ref} from {url} (history)", None):
-                _git(["fetch", "-q", "--no-tags", "--", url, f"+{ref}:refs/patchset/range/{i}"],
-                     repo, network=True, timeout=GIT_FETCH_TIMEOUT_S)
+                try:
+                    _git(["fetch", "-q", "--no-tags", "--", url,
+                          f"+{ref}:refs/patchset/range/{i}"],
+                         repo, remote=(url, ref), timeout=GIT_FETCH_TIMEOUT_S)
+                except MissingRef as e:
+                    raise UsageError(f"rebase --check: {('start', 'end')[i]} {ref!r}: "
+                                     f"{e.why}") from e
         try:
             ends = [_git(["rev-parse", "--verify", f"refs/patchset/range/{i}^{{commit}}"], repo)
                     for i in (0, 1)]
@@ -630,10 +666,14 @@ def _git(
     network: bool = False,
     timeout: float | None = None,
     strip: bool = True,
+    remote: tuple[str, str] | None = None,
 ) -> str:
-    """Run git, returning stdout; any failure becomes a one-line UpstreamError."""
+    """Run git, returning stdout; any failure becomes a one-line UpstreamError. With
+    `remote` (url, ref: a call that talks to the repository, network implied): no answer
+    is Unreachable (exit 3), an answer without the ref MissingRef (exit 2)."""
     # Only real transports over the network: never a remote helper such as ext:: (runs a
     # command) or fd::.
+    network = network or remote is not None
     mode, extra = ((gitenv.NETWORK, {"GIT_ALLOW_PROTOCOL": _PROTOCOLS}) if network
                    else (gitenv.LOCAL, None))
     try:
@@ -642,11 +682,33 @@ def _git(
     except FileNotFoundError as e:
         raise UpstreamError("git is not installed or not on PATH; install git and retry") from e
     except subprocess.TimeoutExpired as e:
+        if remote is not None:
+            raise Unreachable(f"cannot reach {remote[0]}: git {_verb(args)} timed out after "
+                              f"{timeout:.0f}s; check the network and the url") from e
         raise UpstreamError(f"git {_verb(args)} timed out after {timeout:.0f}s") from e
     if done.returncode:
+        if remote is not None:
+            _raise_for_remote(args, done, *remote)
         raise UpstreamError(f"git {_verb(args)} failed: {_last_line(done.stderr)}")
     out = done.stdout.decode("utf-8", "surrogateescape")
     return out.strip() if strip else out
+
+
+def _raise_for_remote(args: list[str], done: subprocess.CompletedProcess, url: str,
+                      ref: str) -> None:
+    """A failed ls-remote/fetch as one line: the repository has no such ref (2: ls-remote
+    --exit-code's own status 2, or fetch's "couldn't find remote ref"), it could not be
+    reached (3), else the git failure as it is (4)."""
+    text = done.stderr.decode("utf-8", "replace")
+    if (_verb(args) == "ls-remote" and "--exit-code" in args and done.returncode == 2) \
+            or _GIT_NO_REF.search(text):
+        raise MissingRef(ref, url)
+    if _GIT_UNREACHABLE.search(text):
+        fatal = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("fatal:")]
+        why = fatal[0] if fatal else _last_line(done.stderr)
+        raise Unreachable(f"cannot reach {url} (git {_verb(args)}: {why}); check the url, "
+                          "the network and your access")
+    raise UpstreamError(f"git {_verb(args)} failed: {_last_line(done.stderr)}")
 
 
 def _verb(args: list[str]) -> str:
@@ -672,13 +734,13 @@ def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> d
             if is_sha
             else ["ls-remote", "--exit-code", "--", gp.url, gp.ref]
         )
-        _git(probe, work, network=True, timeout=GIT_PROBE_TIMEOUT_S)
+        _git(probe, work, remote=(gp.url, gp.ref), timeout=GIT_PROBE_TIMEOUT_S)
     _git(["init", "-q", "."], work)
     with progress.task(f"git: fetching {gp.ref} from {gp.url}", None):
         _git(
             ["fetch", "-q", "--depth", "1", "--no-tags", "--", gp.url, gp.ref],
             work,
-            network=True,
+            remote=(gp.url, gp.ref),
             timeout=GIT_FETCH_TIMEOUT_S,
         )
     commit = _git(["rev-parse", "--verify", "FETCH_HEAD^{commit}"], work)

@@ -221,3 +221,23 @@ def test_wheel_tags_are_compared_whole() -> None:
                "sglang-0.5.14-cp311-manylinux_2_34_x86_64.whl"]
     assert [f for f in fits if _wheel_fits(f, "sglang", "0.5.14", want)] == fits
     assert [f for f in misfits if _wheel_fits(f, "sglang", "0.5.14", want)] == []
+
+
+def test_a_ref_upstream_does_not_have_is_exit_2_and_no_answer_is_exit_3(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """The repository answered "no such ref": bad input naming --ref (was exit 4 with
+    a message about the network and a pypi fallback); no answer at all: exit 3."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, _ = fork(tmp_path)
+    for ref, words in (("nosuch", "no such branch, tag or commit"),
+                       ("0" * 40, "no such commit")):
+        code, _, err = init(capsys, str(tmp_path / "s"), "--git", f"file://{repo}", "--ref", ref)
+        err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+        assert code == Exit.BAD_INPUT and len(err.strip().splitlines()) == 1, err
+        assert f"--ref {ref!r}: {words} at file://{repo}" in err
+    code, _, err = init(capsys, str(tmp_path / "s"), "--git", f"file://{tmp_path}/nowhere",
+                        "--ref", "main")
+    err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+    assert code == Exit.UNREACHABLE and len(err.strip().splitlines()) == 1, err
+    assert f"cannot reach file://{tmp_path}/nowhere" in err and "does not appear" in err
+    assert not (tmp_path / "s").exists()

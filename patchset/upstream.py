@@ -42,7 +42,7 @@ from .errors import Unreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
 
-__all__ = ["BaseTree", "MissingRef", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
+__all__ = ["BaseTree", "MissingRef", "Range", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
            "provision"]
 
 IDENTITY = "patchset <patchset@invalid>"
@@ -612,16 +612,30 @@ def _layout(base: BaseTree) -> str:
 # ---------------------------------------------------------------- upstream history
 
 
+@dataclass(frozen=True)
+class Range:
+    """START..END of upstream's history, resolved in the cached history clone."""
+
+    repo: Path                       # the clone (non-bare), holding both ends' history
+    start: str                       # START's commit
+    end: str                         # END's commit
+    commits: list[str]               # first-parent commits after START up to END, oldest first
+    subjects: dict[str, str]         # commit -> subject line, START's included
+
+
 def history(url: str, start: str, end: str, cache: Path | None = None,
-            progress: Progress | None = None, offline: bool = False
-            ) -> tuple[Path, list[str], dict[str, str]]:
+            progress: Progress | None = None, offline: bool = False) -> Range:
     """Upstream's first-parent commits after `start` up to `end` (oldest first) and their
-    subject lines, in a
-    cached clone of `url` kept for that (`rebase --check`): pins are shallow, a range
-    needs the history between two commits. Offline, from what an earlier run fetched."""
+    subject lines, in a cached clone of `url` kept for that (`rebase --check`): pins are
+    shallow, a range needs the history between two commits. Each end is fetched to a ref
+    named after it (refs/patchset/fetched/<digest of the name>), so offline resolves
+    exactly the START and END asked for, from what an earlier run fetched of them.
+    START must be an ancestor of END. Exit 2 for an end the repository does not have (or,
+    offline, that was never fetched) or a START that is not an ancestor of END; 3 when the
+    repository cannot be reached."""
+    ends = (("start", start), ("end", end))
     for what, problem in (("url", pinrules.git_url_problem(url)),
-                          ("start", pinrules.git_ref_problem(start)),
-                          ("end", pinrules.git_ref_problem(end))):
+                          *((what, pinrules.git_ref_problem(ref)) for what, ref in ends)):
         if problem:
             raise UsageError(f"rebase --check: {what}: {problem}")
     cache = (Path(cache) if cache is not None else cache_root()).absolute()
@@ -631,29 +645,45 @@ def history(url: str, start: str, end: str, cache: Path | None = None,
         if not (repo / ".git").is_dir():
             repo.mkdir(parents=True, exist_ok=True)
             _git(["init", "-q", "."], repo)
-        for i, ref in enumerate((start, end)):
-            if offline:
-                continue
-            with progress.task(f"git: fetching {ref} from {url} (history)", None):
-                try:
-                    _git(["fetch", "-q", "--no-tags", "--", url,
-                          f"+{ref}:refs/patchset/range/{i}"],
-                         repo, remote=(url, ref), timeout=GIT_FETCH_TIMEOUT_S)
-                except MissingRef as e:
-                    raise UsageError(f"rebase --check: {('start', 'end')[i]} {ref!r}: "
-                                     f"{e.why}") from e
-        try:
-            ends = [_git(["rev-parse", "--verify", f"refs/patchset/range/{i}^{{commit}}"], repo)
-                    for i in (0, 1)]
-        except UpstreamError as e:
-            raise UpstreamError(f"{start}..{end}: not fetched from {url} on this machine"
-                                + (" (offline)" if offline else "")) from e
-        commits = _git(["rev-list", "--first-parent", "--reverse", f"{ends[0]}..{ends[1]}"],
+        if not offline:
+            for what, ref in ends:
+                with progress.task(f"git: fetching {ref} from {url} (history)", None):
+                    try:
+                        _git(["fetch", "-q", "--no-tags", "--", url, f"+{ref}:{_fetched(ref)}"],
+                             repo, remote=(url, ref), timeout=GIT_FETCH_TIMEOUT_S)
+                    except MissingRef as e:
+                        raise UsageError(f"rebase --check: {what} {ref!r}: {e.why}") from e
+        first, last = (_resolve_fetched(repo, url, what, ref, offline) for what, ref in ends)
+        ancestor = gitenv.run_git([*_GIT_OPTS, "merge-base", "--is-ancestor", first, last],
+                                  repo, mode=gitenv.LOCAL)
+        if ancestor.returncode == 1:
+            raise UsageError(f"rebase --check {start}..{end}: {start!r} is not an ancestor "
+                             f"of {end!r} (START must be an earlier commit of END's history)")
+        if ancestor.returncode:
+            raise UpstreamError(f"git merge-base failed: {_last_line(ancestor.stderr)}")
+        commits = _git(["rev-list", "--first-parent", "--reverse", f"{first}..{last}"],
                        repo).split()
-        log = _git(["log", "--no-walk=unsorted", "--format=%H %s", *commits], repo) \
-            if commits else ""
+        log = _git(["log", "--no-walk=unsorted", "--format=%H %s", first, *commits], repo)
     subjects = dict(line.partition(" ")[::2] for line in log.splitlines())
-    return repo, commits, subjects
+    return Range(repo, first, last, commits, subjects)
+
+
+def _fetched(ref: str) -> str:
+    """The ref a range end `ref` is fetched to: one per name, whatever the name."""
+    return f"refs/patchset/fetched/{hashlib.sha256(ref.encode()).hexdigest()[:32]}"
+
+
+def _resolve_fetched(repo: Path, url: str, what: str, ref: str, offline: bool) -> str:
+    """The commit `ref` was fetched as (a commit id: itself, where the clone holds it)."""
+    names = [f"{_fetched(ref)}^{{commit}}"] + ([f"{ref}^{{commit}}"] if _HEX40.fullmatch(ref)
+                                               else [])
+    for name in names:
+        done = gitenv.run_git([*_GIT_OPTS, "rev-parse", "--verify", "-q", name], repo,
+                              mode=gitenv.LOCAL)
+        if done.returncode == 0:
+            return done.stdout.decode().strip()
+    raise UsageError(f"rebase --check: {what} {ref!r}: not fetched from {url} on this machine"
+                     + ("; run it once without --offline" if offline else ""))
 
 
 # ---------------------------------------------------------------- git

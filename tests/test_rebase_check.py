@@ -79,6 +79,8 @@ def test_each_break_is_charged_to_the_commit_that_made_it(pinned_base, new_base,
                        "--offline")                              # from the cached history
     assert code == 1 and f"{moe[:12]} moe: 0.5.15" in out and "mhc-bf16: upstream" in out
     code, _, err = cli(capsys, "rebase", "--check", "main..v0.5.14", "--series", str(manifest))
+    assert code == 2 and "'main' is not an ancestor of 'v0.5.14'" in err
+    code, _, err = cli(capsys, "rebase", "--check", "main..main", "--series", str(manifest))
     assert code == 2 and "no commit between them" in err
 
 
@@ -178,6 +180,58 @@ def check(capsys, fx: dict, spec: str, *extra: str) -> tuple[int, dict | None, s
     err = "".join(line for line in err.splitlines(keepends=True)
                   if not line.rstrip().endswith("..."))
     return code, (json.loads(out) if out.strip() else None), err
+
+
+def test_the_baseline_is_start_and_a_break_already_there_is_not_charged_to_the_range(
+        tmp_path, capsys, monkeypatch) -> None:
+    """b-tag..main: B (the conflict) is START, so C (docs only) breaks nothing; the
+    conflict is reported as already on START, the exit still 1."""
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    before = snapshot(fx["manifest"].parent)
+    code, report, err = check(capsys, fx, "b-tag..main")
+    assert code == 1 and report["exit_code"] == 1, err
+    assert report["commits"] == [fx["c"]] and report["breaks"] == []
+    assert report["start"] == fx["b"]
+    assert [(b["commit"], b["patch"], b["what"]) for b in report["at_start"]] == \
+        [(fx["b"], "fast", "conflict")]
+    assert report["subjects"][fx["b"]] == "B: forward adds 100"
+    code, out, err = cli(capsys, "rebase", "--check", "b-tag..main", "--series",
+                         str(fx["manifest"]))
+    assert code == 1 and f"already at START {fx['b'][:12]} B: forward adds 100: fast: " \
+        "conflict" in out and "nothing breaks the series; 1 already on START" in err
+    code, report, err = check(capsys, fx, "pin..main")          # from the pin: B is charged
+    assert code == 1 and report["at_start"] == [], err
+    assert [(b["commit"], b["what"]) for b in report["breaks"]] == [(fx["b"], "conflict")]
+    assert snapshot(fx["manifest"].parent) == before
+
+
+def test_start_must_be_an_ancestor_of_end(tmp_path, capsys, monkeypatch) -> None:
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    for spec in ("side..main", "main..pin", "b-tag..side"):
+        code, report, err = check(capsys, fx, spec)
+        start, end = spec.split("..")
+        assert code == 2 and report is None, (spec, err)
+        assert f"'{start}' is not an ancestor of '{end}'" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_offline_resolves_exactly_the_range_given(tmp_path, capsys, monkeypatch) -> None:
+    """Two ranges fetched; offline, each gives its own commits (not the last fetched), a
+    reversed range is refused, and an end never fetched is exit 2 naming it."""
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    assert check(capsys, fx, "pin..main")[1]["commits"] == [fx["b"], fx["c"]]
+    assert check(capsys, fx, "b-tag..main")[1]["commits"] == [fx["c"]]
+    code, report, err = check(capsys, fx, "pin..main", "--offline")
+    assert code == 1 and report["commits"] == [fx["b"], fx["c"]], err
+    assert report["start"] == fx["pin"]
+    code, report, err = check(capsys, fx, "b-tag..main", "--offline")
+    assert code == 1 and report["commits"] == [fx["c"]] and report["start"] == fx["b"], err
+    code, report, err = check(capsys, fx, "main..pin", "--offline")
+    assert code == 2 and "'main' is not an ancestor of 'pin'" in err
+    code, report, err = check(capsys, fx, "pin..no-such-tag", "--offline")
+    assert code == 2 and report is None and "end 'no-such-tag': not fetched" in err
+    code, report, err = check(capsys, fx, "side..main", "--offline")
+    assert code == 2 and "start 'side': not fetched" in err
 
 
 @pytest.mark.parametrize("spec, named", [("nosuch..main", "start 'nosuch'"),

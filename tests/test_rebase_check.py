@@ -268,3 +268,14 @@ def test_a_manifest_ref_upstream_does_not_have_is_exit_2_at_its_line(tmp_path, c
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{manifest}:{line}: upstream.git.ref: 'nosuch': no such branch" in err
     assert manifest.read_bytes() == before
+
+
+def test_onto_a_commit_upstream_does_not_have_is_exit_2_naming_it(tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    before = snapshot(fx["manifest"].parent)
+    code, _, err = cli(capsys, "rebase", "--onto", "nosuch", "--series", str(fx["manifest"]))
+    err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--onto 'nosuch': no such branch, tag or commit at file://{fx['up']}" in err
+    assert snapshot(fx["manifest"].parent) == before

@@ -27,7 +27,8 @@ def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the rele
     --check START..END, walk upstream's first-parent commits and name the commit that makes
     each patch conflict, be taken upstream, or lose a call-path guard or trace target.
     Exit 0 moved (or would move; --check: nothing breaks), 1 a conflict (--check: a
-    break), 2 bad input, 3 the package index or upstream is unreachable."""
+    break, or one already on START), 2 bad input, 3 the package index or upstream is
+    unreachable."""
     from dataclasses import asdict
 
     if (onto is None) == (check is None):
@@ -55,11 +56,17 @@ def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the rele
 
 def _render_check(report) -> None:
     console = term()
+    for b in report.at_start:
+        console.print(f"already at START {b.commit[:12]} "
+                      f"{report.subjects.get(b.commit, '')!s:.60}: {b.patch}: {b.what}: "
+                      f"{b.detail}", markup=False)
     for b in report.breaks:
         console.print(f"{b.commit[:12]} {report.subjects.get(b.commit, '')!s:.60}: {b.patch}: "
                       f"{b.what}: {b.detail}", markup=False)
     say(f"{len(report.commits)} upstream commit(s) in {report.range}: "
-        + (f"{len(report.breaks)} break(s)" if report.breaks else "nothing breaks the series"))
+        + (f"{len(report.breaks)} break(s)" if report.breaks else "nothing breaks the series")
+        + (f"; {len(report.at_start)} already on START (from the pin to START)"
+           if report.at_start else ""))
 
 
 def _render(result) -> None:

@@ -47,8 +47,9 @@ MEANINGS: dict[Exit, str] = {
     Exit.BAD_INPUT: "bad input: manifest, patch file, selection, option, inventory, target "
                     "path, a pin the cached wheel or the provisioned tree disagrees with, a "
                     "damaged run or report file (nothing was changed)",
-    Exit.UNREACHABLE: "unreachable: a host, the probed endpoint or the package index could "
-                      "not be reached (an audit still reports the others)",
+    Exit.UNREACHABLE: "unreachable: a host, the probed endpoint, the package index or "
+                      "upstream's git repository could not be reached (an audit still "
+                      "reports the others)",
     Exit.FAILED: "refused or failed: the target refused or failed the operation (dirty, not "
                  "the pin, locked, a patch does not apply, the engine was killed; a bisect "
                  "stopped or did not restore; a rollout's rollback failed): nothing was changed, or the next command "
@@ -116,8 +117,8 @@ class BisectPending(TargetError):
 
 
 class Unreachable(PatchsetError):
-    """No answer: a host (SSH), the server a probe or an audit speaks to (HTTP) or the
-    package index could not be reached. Not a verdict about what is there; the one
+    """No answer: a host (SSH), the server a probe or an audit speaks to (HTTP), the
+    package index or upstream's git repository could not be reached. Not a verdict about what is there; the one
     unreachable error of the tool (exit 3)."""
 
     exit_code = Exit.UNREACHABLE

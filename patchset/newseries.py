@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from .manifest import load_series
 from .model import GitPin, PypiPin, UpstreamPin
 from .pinrules import git_ref_problem, git_url_problem, requirement_problem
 from .progress import NullProgress, Progress
+from .validate import PLATFORM, PYTHON_VERSION
 
 SGLANG_GIT = "https://github.com/sgl-project/sglang.git"
 DEFAULT_PYTHON = "3.11"
@@ -57,7 +60,12 @@ def init_series(req: InitRequest, cache: Path | None = None,
     manifest = req.directory / "patches.yaml"
     if os.path.lexists(manifest):
         raise UsageError(f"{manifest}: already exists; init never overwrites a manifest")
+    for flag, value, rule in (("--python-version", req.python_version, PYTHON_VERSION),
+                              ("--platform", req.platform, PLATFORM)):
+        if not rule.ok(value):                  # before the network: a pip option is none
+            raise UsageError(f"{flag} {value!r}: not {rule.what}")
     _check_directory(req.directory)
+    _check_patches_dir(req.directory / "patches")
     pin, how = (_release(req, cache, progress) if req.requirement is not None
                 else _commit(req, cache, progress))
     text = render(pin)
@@ -73,6 +81,20 @@ def _check_directory(directory: Path) -> None:
     if not at.is_dir():
         raise UsageError(f"{directory}: cannot write the new series there: {at} is not a "
                          "directory")
+
+
+def _check_patches_dir(patches: Path) -> None:
+    """DIR/patches must be absent (init makes it) or a real directory: a file, FIFO or
+    link there would be found only after the manifest was written."""
+    try:
+        mode = os.lstat(patches).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UsageError(f"{patches}: cannot check it: {e.strerror or e}") from e
+    if not stat.S_ISDIR(mode):
+        raise UsageError(f"{patches}: exists and is not a directory (a file, link or "
+                         "other); init puts the patch files there: move it away")
 
 
 def _release(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[UpstreamPin, str]:
@@ -97,8 +119,11 @@ def _commit(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[U
                           ("--ref", git_ref_problem(req.ref))):
         if problem:
             raise UsageError(f"{what}: {problem}")    # named as the user typed it
-    return upstream.pin_for_commit(req.git_url, req.ref, None, cache, progress,
-                                   req.offline), "git commit"
+    try:
+        return upstream.pin_for_commit(req.git_url, req.ref, None, cache, progress,
+                                       req.offline), "git commit"
+    except upstream.MissingRef as e:
+        raise UsageError(f"--ref {req.ref!r}: {e.why}") from e
 
 
 def render(pin: UpstreamPin) -> str:
@@ -119,18 +144,35 @@ def render(pin: UpstreamPin) -> str:
 
 
 def _write_new(directory: Path, text: str) -> None:
-    """patches.yaml checked by the one loader, then put in place by a link (which fails
-    if a manifest, or a link, appeared at its name meanwhile: never replaced), then
-    patches/; a failure leaves no staged file behind."""
-    staged = directory / ".patches.yaml.init"
+    """patches/ made, then patches.yaml checked by the one loader and put in place by a
+    link (which fails if a manifest, or a link, appeared at its name meanwhile: never
+    replaced). Any failure removes what this call made (the staged file, patches/, the
+    directories it created), so a failed init leaves nothing behind."""
+    missing: list[Path] = []
+    at = directory.absolute()
+    while not os.path.lexists(at) and at != at.parent:
+        missing.insert(0, at)
+        at = at.parent
+    made: list[Path] = []                      # directories this call created, in order
+    staged: Path | None = None
+    done = False
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        staged.unlink(missing_ok=True)
-        with open(staged, "x", encoding="utf-8") as f:
+        for d in (*missing, directory.absolute() / "patches"):
+            try:
+                d.mkdir()
+                made.append(d)
+            except FileExistsError:            # appeared meanwhile: not ours to remove
+                if not d.is_dir():
+                    raise UsageError(f"{d}: exists and is not a directory; init cannot "
+                                     "put the series there") from None
+        _check_patches_dir(directory / "patches")    # still a real directory
+        fd, name = tempfile.mkstemp(prefix=".patches.yaml.", suffix=".init", dir=directory)
+        staged = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         load_series(staged)
         os.link(staged, directory / "patches.yaml")
-        (directory / "patches").mkdir(exist_ok=True)
+        done = True
     except FileExistsError as e:
         raise UsageError(f"{directory / 'patches.yaml'}: already exists; init never "
                          "overwrites a manifest") from e
@@ -138,8 +180,13 @@ def _write_new(directory: Path, text: str) -> None:
         raise UsageError(f"{directory}: cannot write the new series there: "
                          f"{e.strerror or e}") from e
     finally:
-        with contextlib.suppress(OSError):
-            staged.unlink(missing_ok=True)
+        if staged is not None:
+            with contextlib.suppress(OSError):
+                staged.unlink()
+        if not done:
+            for d in reversed(made):           # only what this call made, and only empty
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
 
 __all__ = ["InitRequest", "InitResult", "init_series", "render"]

@@ -185,6 +185,11 @@ class PinError(UpstreamError):
     exit_code = Exit.BAD_INPUT
 
 
+def located(pin) -> bool:
+    """Whether `pin` was read from a manifest (its errors can name file:line: field)."""
+    return pin in _ORIGINS
+
+
 def pin_error(pin, field: tuple[str, ...], message: str) -> PinError:
     """A one-line error about `upstream.<field>` of `pin`, at its manifest line if known."""
     name = "upstream." + ".".join(field)

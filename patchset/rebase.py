@@ -43,6 +43,7 @@ from .progress import NullProgress, Progress
 from .upstream import (
     RAW_ATTRIBUTES,
     BaseTree,
+    MissingRef,
     blob_reader,
     cache_root,
     pin_for_commit,
@@ -149,7 +150,10 @@ def new_pin_for(pin: UpstreamPin, ref: str, cache: Path, progress: Progress,
     if pin.git is None:
         raise UsageError(f"--onto {ref!r}: moving to a commit needs upstream.git in the "
                          "manifest (the repository to take it from)")
-    return pin_for_commit(pin.git.url, ref, pin.git_prefix, cache, progress, offline)
+    try:
+        return pin_for_commit(pin.git.url, ref, pin.git_prefix, cache, progress, offline)
+    except MissingRef as e:
+        raise UsageError(f"--onto {ref!r}: {e.why}") from e
 
 
 def rebase(series: Series, ref: str, dry_run: bool = False, progress: Progress | None = None,

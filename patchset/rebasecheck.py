@@ -6,7 +6,9 @@ inert (a call-path guard or trace target appears or goes away), and which commit
 Each first-parent commit of the range is a candidate base: the series is moved onto it
 exactly as `rebase` would (same replay, same 3-way merges, nothing written) and compared
 with the commit before it; a change of a patch's outcome, guards or targets is charged
-to the commit where it first shows.
+to the commit where it first shows. The first commit is compared with the series moved
+onto START (not with the pin): what already breaks on START is reported as such
+(`at_start`), never charged to a commit of the range.
 """
 
 from __future__ import annotations
@@ -47,10 +49,14 @@ class CheckReport:
     breaks: tuple[Break, ...]
     final: tuple[PatchAtCommit, ...]                 # the series on the last commit
     subjects: dict[str, str] = field(default_factory=dict)
+    start: str = ""                                  # START's commit
+    # What is already broken on START itself, against the pin (the pin and START differ):
+    # charged to START (`commit` is START), never to a commit of the range.
+    at_start: tuple[Break, ...] = ()
 
     @property
     def exit_code(self) -> int:
-        return Exit.FINDINGS if self.breaks else Exit.OK
+        return Exit.FINDINGS if self.breaks or self.at_start else Exit.OK
 
 
 def check_range(series: Series, spec: str, progress: Progress | None = None,
@@ -64,21 +70,32 @@ def check_range(series: Series, spec: str, progress: Progress | None = None,
                          "branches)")
     if series.upstream.git is None:
         raise UsageError("--check walks upstream's git history: the pin needs upstream.git")
-    repo, commits, subjects = upstream.history(series.upstream.git.url, start, end, cache, progress,
-                                     offline)
-    if not commits:
+    found = upstream.history(series.upstream.git.url, start, end, cache, progress, offline)
+    if not found.commits:
         raise UsageError(f"--check {spec}: no commit between them (END is not after START)")
     old_base = upstream.provision(series.upstream, cache, progress, offline)
-    before = _on(series, old_base, series.upstream)
+    pinned = _on(series, old_base, series.upstream)
+    at_start: list[Break] = []
+    if found.start == old_base.commit:
+        before = pinned
+    else:                           # the baseline is the series moved onto START
+        with progress.task(f"check START {found.start[:12]}", None):
+            before = _move(series, old_base, _tree(found.repo, found.start),
+                           _pin_at(series.upstream, found.start), progress)
+        at_start = _changes(found.start, pinned, before)
     breaks: list[Break] = []
-    for commit in commits:
-        pin = _pin_at(series.upstream, commit)
-        base = upstream.BaseTree(repo=repo, commit=commit, source="git", ref=commit)
+    for commit in found.commits:
         with progress.task(f"check {commit[:12]}", None):
-            now = _move(series, old_base, base, pin, progress)
+            now = _move(series, old_base, _tree(found.repo, commit),
+                        _pin_at(series.upstream, commit), progress)
         breaks += _changes(commit, before, now)
         before = now
-    return CheckReport(spec, tuple(commits), tuple(breaks), tuple(before.values()), subjects)
+    return CheckReport(spec, tuple(found.commits), tuple(breaks), tuple(before.values()),
+                       found.subjects, found.start, tuple(at_start))
+
+
+def _tree(repo: Path, commit: str) -> upstream.BaseTree:
+    return upstream.BaseTree(repo=repo, commit=commit, source="git", ref=commit)
 
 
 def _pin_at(pin: UpstreamPin, commit: str) -> UpstreamPin:

@@ -42,7 +42,7 @@ from .errors import Unreachable, UpstreamError, UsageError
 from .model import GitPin, PypiPin, UpstreamPin
 from .progress import Advance, NullProgress, Progress
 
-__all__ = ["BaseTree", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
+__all__ = ["BaseTree", "MissingRef", "Range", "blob_ids", "cache_root", "fetch_wheel", "materialize", "pin_for_version",
            "provision"]
 
 IDENTITY = "patchset <patchset@invalid>"
@@ -77,6 +77,33 @@ _PIP_UNREACHABLE = re.compile(
     r"|ProxyError|SSLError|Network is unreachable|Connection refused|connection broken",
     re.IGNORECASE,
 )
+# What git prints when it could not talk to the repository at all (no answer, no such
+# host or repository, refused), as opposed to "it answered: no such ref".
+_GIT_UNREACHABLE = re.compile(
+    r"Could not resolve host|Could not resolve hostname|Temporary failure in name resolution"
+    r"|Name or service not known|Connection refused|Connection timed out|Connection reset"
+    r"|Operation timed out|Network is unreachable|No route to host|Failed to connect"
+    r"|unable to access|Could not read from remote repository"
+    r"|does not appear to be a git repository|repository '[^']*' not found"
+    r"|Repository not found|the remote end hung up unexpectedly",
+    re.IGNORECASE,
+)
+_HEX40 = re.compile(r"[0-9a-fA-F]{40}")
+# What git prints when the repository answered but has no such ref (or commit).
+_GIT_NO_REF = re.compile(r"couldn't find remote ref|not our ref|no such remote ref",
+                         re.IGNORECASE)
+
+
+class MissingRef(UsageError):
+    """The repository answered, and it has no such branch, tag or commit: bad input
+    (exit 2), not a network failure. `ref`, `url` and `why` for callers that name the
+    option the ref came from."""
+
+    def __init__(self, ref: str, url: str) -> None:
+        self.ref, self.url = ref, url
+        self.why = (f"no such commit at {url} (or the server does not serve commits by id)"
+                    if _HEX40.fullmatch(ref) else f"no such branch, tag or commit at {url}")
+        super().__init__(f"{ref!r}: {self.why}")
 
 
 @dataclass(frozen=True)
@@ -311,17 +338,29 @@ def _cached_wheel(pin: UpstreamPin, want: PypiPin, record: Path, cache: Path,
                   progress: Progress) -> PypiPin | None:
     """The release's wheel already in the cache (an earlier provision or download) for
     the wanted Python and platform, hashed and recorded; None when there is none."""
-    dist = re.sub(r"[-_.]+", "_", pin.name).lower()
-    py = "cp" + want.python_version.replace(".", "")
     found = [w for w in sorted((cache / "wheels").glob("*.whl"))
-             if w.name.lower().startswith(f"{dist}-{pin.version}-")
-             and (f"-{py}-" in w.name or "-py3-" in w.name) and want.platform in w.name
+             if _wheel_fits(w.name, pin.name, pin.version, want)
              and w.is_file() and not w.is_symlink()]
     if len(found) != 1:
         return None
     got = dataclasses.replace(want, file=found[0].name, sha256=_sha256(found[0], progress))
     _record(record, got)
     return got
+
+
+def _wheel_fits(file: str, name: str, version: str, want: PypiPin) -> bool:
+    """Whether a wheel file name is `name` `version` for the wanted Python and platform,
+    by its tags (NAME-VERSION[-BUILD]-PY-ABI-PLATFORM.whl, each tag a `.`-separated set),
+    compared whole: `x86_64` is not `manylinux_2_34_x86_64`. A pure wheel (`any`) fits
+    every platform, as pip takes it."""
+    parts = file[:-len(".whl")].split("-") if file.endswith(".whl") else []
+    if len(parts) not in (5, 6):
+        return False
+    dist = re.sub(r"[-_.]+", "_", name).lower()
+    py_tags, platforms = parts[-3].split("."), parts[-1].split(".")
+    return (parts[0].lower() == dist and parts[1] == version
+            and ("cp" + want.python_version.replace(".", "") in py_tags or "py3" in py_tags)
+            and (want.platform in platforms or "any" in platforms))
 
 
 def _moved_ref(ref: str, old: str, new: str) -> str:
@@ -503,7 +542,11 @@ def _populate(
     if pin.git is not None and not offline:
         try:
             return _from_git(pin, pin.git, work, progress)
-        except UpstreamError as e:
+        except (UpstreamError, Unreachable, MissingRef) as e:
+            if pin.pypi is None and isinstance(e, MissingRef) and pinrules.located(pin):
+                raise pinrules.pin_error(pin, ("git", "ref"), str(e)) from e      # exit 2
+            if pin.pypi is None and isinstance(e, (Unreachable, MissingRef)):
+                raise               # no fallback: no such ref is exit 2, no answer exit 3
             reason = str(e)
             shutil.rmtree(work)
             work.mkdir()
@@ -569,16 +612,30 @@ def _layout(base: BaseTree) -> str:
 # ---------------------------------------------------------------- upstream history
 
 
+@dataclass(frozen=True)
+class Range:
+    """START..END of upstream's history, resolved in the cached history clone."""
+
+    repo: Path                       # the clone (non-bare), holding both ends' history
+    start: str                       # START's commit
+    end: str                         # END's commit
+    commits: list[str]               # first-parent commits after START up to END, oldest first
+    subjects: dict[str, str]         # commit -> subject line, START's included
+
+
 def history(url: str, start: str, end: str, cache: Path | None = None,
-            progress: Progress | None = None, offline: bool = False
-            ) -> tuple[Path, list[str], dict[str, str]]:
+            progress: Progress | None = None, offline: bool = False) -> Range:
     """Upstream's first-parent commits after `start` up to `end` (oldest first) and their
-    subject lines, in a
-    cached clone of `url` kept for that (`rebase --check`): pins are shallow, a range
-    needs the history between two commits. Offline, from what an earlier run fetched."""
+    subject lines, in a cached clone of `url` kept for that (`rebase --check`): pins are
+    shallow, a range needs the history between two commits. Each end is fetched to a ref
+    named after it (refs/patchset/fetched/<digest of the name>), so offline resolves
+    exactly the START and END asked for, from what an earlier run fetched of them.
+    START must be an ancestor of END. Exit 2 for an end the repository does not have (or,
+    offline, that was never fetched) or a START that is not an ancestor of END; 3 when the
+    repository cannot be reached."""
+    ends = (("start", start), ("end", end))
     for what, problem in (("url", pinrules.git_url_problem(url)),
-                          ("start", pinrules.git_ref_problem(start)),
-                          ("end", pinrules.git_ref_problem(end))):
+                          *((what, pinrules.git_ref_problem(ref)) for what, ref in ends)):
         if problem:
             raise UsageError(f"rebase --check: {what}: {problem}")
     cache = (Path(cache) if cache is not None else cache_root()).absolute()
@@ -588,24 +645,45 @@ def history(url: str, start: str, end: str, cache: Path | None = None,
         if not (repo / ".git").is_dir():
             repo.mkdir(parents=True, exist_ok=True)
             _git(["init", "-q", "."], repo)
-        for i, ref in enumerate((start, end)):
-            if offline:
-                continue
-            with progress.task(f"git: fetching {ref} from {url} (history)", None):
-                _git(["fetch", "-q", "--no-tags", "--", url, f"+{ref}:refs/patchset/range/{i}"],
-                     repo, network=True, timeout=GIT_FETCH_TIMEOUT_S)
-        try:
-            ends = [_git(["rev-parse", "--verify", f"refs/patchset/range/{i}^{{commit}}"], repo)
-                    for i in (0, 1)]
-        except UpstreamError as e:
-            raise UpstreamError(f"{start}..{end}: not fetched from {url} on this machine"
-                                + (" (offline)" if offline else "")) from e
-        commits = _git(["rev-list", "--first-parent", "--reverse", f"{ends[0]}..{ends[1]}"],
+        if not offline:
+            for what, ref in ends:
+                with progress.task(f"git: fetching {ref} from {url} (history)", None):
+                    try:
+                        _git(["fetch", "-q", "--no-tags", "--", url, f"+{ref}:{_fetched(ref)}"],
+                             repo, remote=(url, ref), timeout=GIT_FETCH_TIMEOUT_S)
+                    except MissingRef as e:
+                        raise UsageError(f"rebase --check: {what} {ref!r}: {e.why}") from e
+        first, last = (_resolve_fetched(repo, url, what, ref, offline) for what, ref in ends)
+        ancestor = gitenv.run_git([*_GIT_OPTS, "merge-base", "--is-ancestor", first, last],
+                                  repo, mode=gitenv.LOCAL)
+        if ancestor.returncode == 1:
+            raise UsageError(f"rebase --check {start}..{end}: {start!r} is not an ancestor "
+                             f"of {end!r} (START must be an earlier commit of END's history)")
+        if ancestor.returncode:
+            raise UpstreamError(f"git merge-base failed: {_last_line(ancestor.stderr)}")
+        commits = _git(["rev-list", "--first-parent", "--reverse", f"{first}..{last}"],
                        repo).split()
-        log = _git(["log", "--no-walk=unsorted", "--format=%H %s", *commits], repo) \
-            if commits else ""
+        log = _git(["log", "--no-walk=unsorted", "--format=%H %s", first, *commits], repo)
     subjects = dict(line.partition(" ")[::2] for line in log.splitlines())
-    return repo, commits, subjects
+    return Range(repo, first, last, commits, subjects)
+
+
+def _fetched(ref: str) -> str:
+    """The ref a range end `ref` is fetched to: one per name, whatever the name."""
+    return f"refs/patchset/fetched/{hashlib.sha256(ref.encode()).hexdigest()[:32]}"
+
+
+def _resolve_fetched(repo: Path, url: str, what: str, ref: str, offline: bool) -> str:
+    """The commit `ref` was fetched as (a commit id: itself, where the clone holds it)."""
+    names = [f"{_fetched(ref)}^{{commit}}"] + ([f"{ref}^{{commit}}"] if _HEX40.fullmatch(ref)
+                                               else [])
+    for name in names:
+        done = gitenv.run_git([*_GIT_OPTS, "rev-parse", "--verify", "-q", name], repo,
+                              mode=gitenv.LOCAL)
+        if done.returncode == 0:
+            return done.stdout.decode().strip()
+    raise UsageError(f"rebase --check: {what} {ref!r}: not fetched from {url} on this machine"
+                     + ("; run it once without --offline" if offline else ""))
 
 
 # ---------------------------------------------------------------- git
@@ -618,10 +696,14 @@ def _git(
     network: bool = False,
     timeout: float | None = None,
     strip: bool = True,
+    remote: tuple[str, str] | None = None,
 ) -> str:
-    """Run git, returning stdout; any failure becomes a one-line UpstreamError."""
+    """Run git, returning stdout; any failure becomes a one-line UpstreamError. With
+    `remote` (url, ref: a call that talks to the repository, network implied): no answer
+    is Unreachable (exit 3), an answer without the ref MissingRef (exit 2)."""
     # Only real transports over the network: never a remote helper such as ext:: (runs a
     # command) or fd::.
+    network = network or remote is not None
     mode, extra = ((gitenv.NETWORK, {"GIT_ALLOW_PROTOCOL": _PROTOCOLS}) if network
                    else (gitenv.LOCAL, None))
     try:
@@ -630,11 +712,33 @@ def _git(
     except FileNotFoundError as e:
         raise UpstreamError("git is not installed or not on PATH; install git and retry") from e
     except subprocess.TimeoutExpired as e:
+        if remote is not None:
+            raise Unreachable(f"cannot reach {remote[0]}: git {_verb(args)} timed out after "
+                              f"{timeout:.0f}s; check the network and the url") from e
         raise UpstreamError(f"git {_verb(args)} timed out after {timeout:.0f}s") from e
     if done.returncode:
+        if remote is not None:
+            _raise_for_remote(args, done, *remote)
         raise UpstreamError(f"git {_verb(args)} failed: {_last_line(done.stderr)}")
     out = done.stdout.decode("utf-8", "surrogateescape")
     return out.strip() if strip else out
+
+
+def _raise_for_remote(args: list[str], done: subprocess.CompletedProcess, url: str,
+                      ref: str) -> None:
+    """A failed ls-remote/fetch as one line: the repository has no such ref (2: ls-remote
+    --exit-code's own status 2, or fetch's "couldn't find remote ref"), it could not be
+    reached (3), else the git failure as it is (4)."""
+    text = done.stderr.decode("utf-8", "replace")
+    if (_verb(args) == "ls-remote" and "--exit-code" in args and done.returncode == 2) \
+            or _GIT_NO_REF.search(text):
+        raise MissingRef(ref, url)
+    if _GIT_UNREACHABLE.search(text):
+        fatal = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("fatal:")]
+        why = fatal[0] if fatal else _last_line(done.stderr)
+        raise Unreachable(f"cannot reach {url} (git {_verb(args)}: {why}); check the url, "
+                          "the network and your access")
+    raise UpstreamError(f"git {_verb(args)} failed: {_last_line(done.stderr)}")
 
 
 def _verb(args: list[str]) -> str:
@@ -660,13 +764,13 @@ def _from_git(pin: UpstreamPin, gp: GitPin, work: Path, progress: Progress) -> d
             if is_sha
             else ["ls-remote", "--exit-code", "--", gp.url, gp.ref]
         )
-        _git(probe, work, network=True, timeout=GIT_PROBE_TIMEOUT_S)
+        _git(probe, work, remote=(gp.url, gp.ref), timeout=GIT_PROBE_TIMEOUT_S)
     _git(["init", "-q", "."], work)
     with progress.task(f"git: fetching {gp.ref} from {gp.url}", None):
         _git(
             ["fetch", "-q", "--depth", "1", "--no-tags", "--", gp.url, gp.ref],
             work,
-            network=True,
+            remote=(gp.url, gp.ref),
             timeout=GIT_FETCH_TIMEOUT_S,
         )
     commit = _git(["rev-parse", "--verify", "FETCH_HEAD^{commit}"], work)

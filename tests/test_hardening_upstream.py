@@ -302,7 +302,7 @@ def test_git_ref_after_double_dash_never_runs_a_command(tmp_path: Path, pinned_p
     work = tmp_path / "work"
     work.mkdir()
     gp = GitPin(url=repo.as_uri(), ref=planted(ref, mark))
-    with pytest.raises(UpstreamError):
+    with pytest.raises(upstream.MissingRef):       # a ref pattern git found no ref for
         upstream._from_git(pinned_pin, gp, work, NullProgress())
     assert not mark.exists()
 

@@ -4,7 +4,9 @@ never an overwrite, bad input exit 2 with nothing written."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -119,3 +121,123 @@ def test_a_directory_that_cannot_hold_it_is_one_line_exit_2(tmp_path: Path, caps
                         "--offline")
     assert code == Exit.BAD_INPUT and "cannot write the new series" in err
     assert len(err.strip().splitlines()) == 1 and (tmp_path / "afile").read_text() == "x\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link", "link to a directory", "fifo"])
+def test_a_patches_that_is_not_a_real_directory_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys, monkeypatch, kind: str) -> None:
+    """`patches` is looked at before the manifest is written: exit 2 naming it, and the
+    directory holds what it held (a re-run fails the same way, not "already exists")."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, _ = fork(tmp_path)
+    series = tmp_path / "s"
+    series.mkdir()
+    patches = series / "patches"
+    if kind == "file":
+        patches.write_text("not a directory\n")
+    elif kind == "dangling link":
+        patches.symlink_to(tmp_path / "nowhere")
+    elif kind == "link to a directory":
+        (tmp_path / "elsewhere").mkdir()
+        patches.symlink_to(tmp_path / "elsewhere")
+    else:
+        os.mkfifo(patches)
+    for _ in range(2):
+        code, _, err = init(capsys, str(series), "--git", f"file://{repo}", "--ref", "main")
+        assert code == Exit.BAD_INPUT and f"{patches}: exists and is not a directory" in err
+        assert len(err.strip().splitlines()) == 1
+        assert sorted(os.listdir(series)) == ["patches"]
+    assert not (tmp_path / "nowhere").exists()
+    assert kind != "link to a directory" or not os.listdir(tmp_path / "elsewhere")
+
+
+def test_a_failure_while_writing_leaves_nothing_behind(tmp_path: Path, capsys,
+                                                       monkeypatch) -> None:
+    """The manifest's link is the last step; when it fails, patches/, the staged file and
+    the directories init created are gone again."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, _ = fork(tmp_path)
+
+    def refuse(*_args, **_kw):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(os, "link", refuse)
+    code, _, err = init(capsys, str(tmp_path / "new" / "s"), "--git", f"file://{repo}",
+                        "--ref", "main")
+    assert code == Exit.BAD_INPUT and "Read-only file system" in err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "t").mkdir()
+    code, _, err = init(capsys, str(tmp_path / "t"), "--git", f"file://{repo}", "--ref", "main")
+    assert code == Exit.BAD_INPUT and os.listdir(tmp_path / "t") == []
+    monkeypatch.undo()
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    code, _, err = init(capsys, str(tmp_path / "t"), "--git", f"file://{repo}", "--ref", "main")
+    assert code == Exit.OK, err
+    assert sorted(os.listdir(tmp_path / "t")) == ["patches", "patches.yaml"]
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--platform", "-x"), ("--platform", "a b"), ("--platform", "--index-url=http://evil"),
+    ("--python-version", "../../x"), ("--python-version", "3"), ("--python-version", "-3.11"),
+])
+def test_a_bad_python_version_or_platform_is_exit_2_before_the_network(
+        tmp_path: Path, capsys, monkeypatch, flag: str, value: str) -> None:
+    """Their form is checked up front (offline, an unchecked value gave exit 4 'not
+    fetched'; online it would have reached pip): exit 2 naming the flag, nothing written."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    code, _, err = init(capsys, str(tmp_path / "s"), "--pin", "sglang==0.5.14", "--offline",
+                        f"{flag}={value}")
+    assert code == Exit.BAD_INPUT and flag in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("platform", ["x86_64", "manylinux_2_34", "linux"])
+def test_offline_a_cached_wheel_is_taken_only_for_its_exact_platform_tag(
+        tmp_path: Path, capsys, monkeypatch, pinned_wheel: Path, platform: str) -> None:
+    """A part of the wheel's platform tag is not that platform: the manylinux_2_34_x86_64
+    wheel is never pinned (and recorded) as the wheel for `--platform x86_64`."""
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    shutil.copy(pinned_wheel, cache / "wheels" / pinned_wheel.name)
+    monkeypatch.setenv("PATCHSET_CACHE", str(cache))
+    code, _, err = init(capsys, str(tmp_path / "s"), "--pin", "sglang==0.5.14", "--offline",
+                        "--platform", platform)
+    assert code != Exit.OK and "offline" in err, err
+    assert not (tmp_path / "s").exists() and not list((cache / "tofu").glob("*.json"))
+
+
+def test_wheel_tags_are_compared_whole() -> None:
+    from patchset.model import PypiPin
+    from patchset.upstream import _wheel_fits
+    want = PypiPin("sglang==0.5.14", "", "", "3.11", "manylinux_2_34_x86_64")
+    fits = ["sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "sglang-0.5.14-1-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "sglang-0.5.14-cp311-cp311-manylinux_2_17_x86_64.manylinux_2_34_x86_64.whl",
+            "sglang-0.5.14-py3-none-any.whl"]
+    misfits = ["sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64_extra.whl",
+               "sglang-0.5.14-cp311-cp311-x_manylinux_2_34_x86_64.whl",
+               "sglang-0.5.14-cp312-cp312-manylinux_2_34_x86_64.whl",
+               "sglang-0.5.140-cp311-cp311-manylinux_2_34_x86_64.whl",
+               "sglang_router-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
+               "sglang-0.5.14-cp311-manylinux_2_34_x86_64.whl"]
+    assert [f for f in fits if _wheel_fits(f, "sglang", "0.5.14", want)] == fits
+    assert [f for f in misfits if _wheel_fits(f, "sglang", "0.5.14", want)] == []
+
+
+def test_a_ref_upstream_does_not_have_is_exit_2_and_no_answer_is_exit_3(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """The repository answered "no such ref": bad input naming --ref (was exit 4 with
+    a message about the network and a pypi fallback); no answer at all: exit 3."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, _ = fork(tmp_path)
+    for ref, words in (("nosuch", "no such branch, tag or commit"),
+                       ("0" * 40, "no such commit")):
+        code, _, err = init(capsys, str(tmp_path / "s"), "--git", f"file://{repo}", "--ref", ref)
+        err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+        assert code == Exit.BAD_INPUT and len(err.strip().splitlines()) == 1, err
+        assert f"--ref {ref!r}: {words} at file://{repo}" in err
+    code, _, err = init(capsys, str(tmp_path / "s"), "--git", f"file://{tmp_path}/nowhere",
+                        "--ref", "main")
+    err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+    assert code == Exit.UNREACHABLE and len(err.strip().splitlines()) == 1, err
+    assert f"cannot reach file://{tmp_path}/nowhere" in err and "does not appear" in err
+    assert not (tmp_path / "s").exists()

@@ -79,6 +79,8 @@ def test_each_break_is_charged_to_the_commit_that_made_it(pinned_base, new_base,
                        "--offline")                              # from the cached history
     assert code == 1 and f"{moe[:12]} moe: 0.5.15" in out and "mhc-bf16: upstream" in out
     code, _, err = cli(capsys, "rebase", "--check", "main..v0.5.14", "--series", str(manifest))
+    assert code == 2 and "'main' is not an ancestor of 'v0.5.14'" in err
+    code, _, err = cli(capsys, "rebase", "--check", "main..main", "--series", str(manifest))
     assert code == 2 and "no commit between them" in err
 
 
@@ -115,3 +117,165 @@ def test_onto_an_upstream_commit_moves_the_pin_there(pinned_base, new_base, tmp_
     assert "pypi:" not in text and "# The series" in text and "layout:" in text
     code, _, err = cli(capsys, "check", "--series", str(manifest))
     assert code == 0, err
+
+
+# ---------------------------------------------------------------- a small upstream
+
+FOO = "import os\n\n\ndef forward(x):\n    return x + 1\n\n\ndef other(y):\n    return y * 2\n"
+
+
+def small_upstream(tmp_path: Path, capsys, monkeypatch) -> dict:
+    """An upstream of three files, a series of one patch (forward() returns x + 2) pinned
+    at its first commit by `init`, then B (forward() rewritten: the patch conflicts) and C
+    (docs only) on main; tags `pin` and `b-tag`; a branch `side` off the pin."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    up = tmp_path / "upstream"
+    pkg = up / "python" / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    for path, text in (("__init__.py", ""), ("version.py", '__version__ = "0.5.14"\n'),
+                       ("srt/__init__.py", ""), ("srt/foo.py", FOO)):
+        (pkg / path).write_text(text)
+    (up / "README.md").write_text("upstream\n")
+    git(up, "init", "-q", "-b", "main")
+    git(up, "add", "-A")
+    git(up, "commit", "-qm", "A: base")
+    git(up, "tag", "pin")
+    pin = git(up, "rev-parse", "HEAD")
+    series = tmp_path / "series"
+    code, _, err = cli(capsys, "init", str(series), "--git", f"file://{up}", "--ref", "main")
+    assert code == 0, err
+    foo = pkg / "srt" / "foo.py"
+    foo.write_text(FOO.replace("x + 1", "x + 2"))
+    diff = git(up, "diff", "--full-index", "--no-color", "--no-renames")
+    git(up, "checkout", "-q", "--", ".")
+    (series / "patches" / "fast.patch").write_text(
+        "Description: forward adds 2\nAuthor: T <t@example.invalid>\nForwarded: no\n"
+        "Last-Update: 2026-01-01\nPatchset-Name: fast\n\n" + diff + "\n")
+    manifest = series / "patches.yaml"
+    manifest.write_text(manifest.read_text().replace("series: []", (
+        "series:\n  - name: fast\n    file: patches/fast.patch\n    summary: forward adds 2\n"
+        "    tier: safe\n    path: both\n    upstream_status: pending\n")))
+    code, _, err = cli(capsys, "check", "--series", str(manifest))
+    assert code == 0, err
+    foo.write_text(FOO.replace("x + 1", "x + 100"))
+    git(up, "commit", "-qam", "B: forward adds 100")
+    b = git(up, "rev-parse", "HEAD")
+    git(up, "tag", "b-tag")
+    (up / "README.md").write_text("docs\n")
+    git(up, "commit", "-qam", "C: docs only")
+    c = git(up, "rev-parse", "HEAD")
+    git(up, "branch", "side", pin)
+    git(up, "checkout", "-q", "side")
+    (up / "SIDE.md").write_text("side\n")
+    git(up, "add", "SIDE.md")
+    git(up, "commit", "-qm", "S: side")
+    git(up, "checkout", "-q", "main")
+    return {"up": up, "manifest": manifest, "pin": pin, "b": b, "c": c}
+
+
+def check(capsys, fx: dict, spec: str, *extra: str) -> tuple[int, dict | None, str]:
+    """(exit code, the --json report or None, stderr without the progress lines)."""
+    code, out, err = cli(capsys, "rebase", "--check", spec, "--json", "--series",
+                         str(fx["manifest"]), *extra)
+    err = "".join(line for line in err.splitlines(keepends=True)
+                  if not line.rstrip().endswith("..."))
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def test_the_baseline_is_start_and_a_break_already_there_is_not_charged_to_the_range(
+        tmp_path, capsys, monkeypatch) -> None:
+    """b-tag..main: B (the conflict) is START, so C (docs only) breaks nothing; the
+    conflict is reported as already on START, the exit still 1."""
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    before = snapshot(fx["manifest"].parent)
+    code, report, err = check(capsys, fx, "b-tag..main")
+    assert code == 1 and report["exit_code"] == 1, err
+    assert report["commits"] == [fx["c"]] and report["breaks"] == []
+    assert report["start"] == fx["b"]
+    assert [(b["commit"], b["patch"], b["what"]) for b in report["at_start"]] == \
+        [(fx["b"], "fast", "conflict")]
+    assert report["subjects"][fx["b"]] == "B: forward adds 100"
+    code, out, err = cli(capsys, "rebase", "--check", "b-tag..main", "--series",
+                         str(fx["manifest"]))
+    assert code == 1 and f"already at START {fx['b'][:12]} B: forward adds 100: fast: " \
+        "conflict" in out and "nothing breaks the series; 1 already on START" in err
+    code, report, err = check(capsys, fx, "pin..main")          # from the pin: B is charged
+    assert code == 1 and report["at_start"] == [], err
+    assert [(b["commit"], b["what"]) for b in report["breaks"]] == [(fx["b"], "conflict")]
+    assert snapshot(fx["manifest"].parent) == before
+
+
+def test_start_must_be_an_ancestor_of_end(tmp_path, capsys, monkeypatch) -> None:
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    for spec in ("side..main", "main..pin", "b-tag..side"):
+        code, report, err = check(capsys, fx, spec)
+        start, end = spec.split("..")
+        assert code == 2 and report is None, (spec, err)
+        assert f"'{start}' is not an ancestor of '{end}'" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_offline_resolves_exactly_the_range_given(tmp_path, capsys, monkeypatch) -> None:
+    """Two ranges fetched; offline, each gives its own commits (not the last fetched), a
+    reversed range is refused, and an end never fetched is exit 2 naming it."""
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    assert check(capsys, fx, "pin..main")[1]["commits"] == [fx["b"], fx["c"]]
+    assert check(capsys, fx, "b-tag..main")[1]["commits"] == [fx["c"]]
+    code, report, err = check(capsys, fx, "pin..main", "--offline")
+    assert code == 1 and report["commits"] == [fx["b"], fx["c"]], err
+    assert report["start"] == fx["pin"]
+    code, report, err = check(capsys, fx, "b-tag..main", "--offline")
+    assert code == 1 and report["commits"] == [fx["c"]] and report["start"] == fx["b"], err
+    code, report, err = check(capsys, fx, "main..pin", "--offline")
+    assert code == 2 and "'main' is not an ancestor of 'pin'" in err
+    code, report, err = check(capsys, fx, "pin..no-such-tag", "--offline")
+    assert code == 2 and report is None and "end 'no-such-tag': not fetched" in err
+    code, report, err = check(capsys, fx, "side..main", "--offline")
+    assert code == 2 and "start 'side': not fetched" in err
+
+
+@pytest.mark.parametrize("spec, named", [("nosuch..main", "start 'nosuch'"),
+                                         ("pin..nosuch", "end 'nosuch'")])
+def test_a_range_end_upstream_does_not_have_is_exit_2_naming_it(tmp_path, capsys, monkeypatch,
+                                                                 spec, named) -> None:
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    code, report, err = check(capsys, fx, spec)
+    assert code == 2 and report is None and len(err.strip().splitlines()) == 1, err
+    assert f"{named}: no such branch, tag or commit at file://{fx['up']}" in err
+
+
+def test_an_unreachable_upstream_is_exit_3(tmp_path, capsys, monkeypatch) -> None:
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    gone = tmp_path / "moved"
+    fx["up"].rename(gone)
+    code, report, err = check(capsys, fx, "pin..main")
+    assert code == 3 and report is None and len(err.strip().splitlines()) == 1, err
+    assert f"cannot reach file://{fx['up']}" in err
+
+
+def test_a_manifest_ref_upstream_does_not_have_is_exit_2_at_its_line(tmp_path, capsys,
+                                                                    monkeypatch) -> None:
+    """A git-only pin whose ref the repository does not have: `file:line: upstream.git.ref`
+    and exit 2 (was exit 4, 'no pypi fallback'), the manifest unchanged."""
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    manifest = fx["manifest"]
+    manifest.write_text(manifest.read_text().replace(f'ref: "{fx["pin"]}"', 'ref: "nosuch"'))
+    line = next(i for i, text in enumerate(manifest.read_text().splitlines(), 1)
+                if 'ref: "nosuch"' in text)
+    before = manifest.read_bytes()
+    code, _, err = cli(capsys, "check", "--series", str(manifest))
+    err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{manifest}:{line}: upstream.git.ref: 'nosuch': no such branch" in err
+    assert manifest.read_bytes() == before
+
+
+def test_onto_a_commit_upstream_does_not_have_is_exit_2_naming_it(tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    fx = small_upstream(tmp_path, capsys, monkeypatch)
+    before = snapshot(fx["manifest"].parent)
+    code, _, err = cli(capsys, "rebase", "--onto", "nosuch", "--series", str(fx["manifest"]))
+    err = "".join(ln for ln in err.splitlines(True) if not ln.rstrip().endswith("..."))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--onto 'nosuch': no such branch, tag or commit at file://{fx['up']}" in err
+    assert snapshot(fx["manifest"].parent) == before

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from patchset import upstream
-from patchset.errors import UpstreamError
+from patchset.errors import Unreachable, UpstreamError
 from patchset.model import GitPin, UpstreamPin
 from patchset.upstream import BaseTree, blob_ids, materialize, provision
 
@@ -315,7 +315,8 @@ def test_unreachable_git_without_pypi_is_an_error(pinned_pin: UpstreamPin, tmp_p
     pin = dataclasses.replace(
         pinned_pin, git=GitPin(url="https://127.0.0.1:9/x.git", ref="v0.5.14"), pypi=None
     )
-    with pytest.raises(UpstreamError, match=r"git ls-remote failed: .*no pypi fallback"):
+    with pytest.raises(Unreachable, match=r"cannot reach https://127.0.0.1:9/x.git \(git "
+                       r"ls-remote: .*\); check the url"):      # exit 3: no answer
         provision(pin, cache=tmp_path)
 
 

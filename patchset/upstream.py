@@ -577,12 +577,30 @@ def pin_for_commit(url: str, ref: str, git_prefix: str | None = None,
                           ("ref", pinrules.git_ref_problem(ref))):
         if problem:
             raise UsageError(f"{what} {ref if what == 'ref' else url!r}: {problem}")
+    if not offline and not _HEX40.fullmatch(ref):
+        ref = _remote_commit(url, ref, cache or cache_root())
     probe = UpstreamPin(name="sglang", version="0", git=GitPin(url, ref), pypi=None)
     base = provision(probe, cache, progress, offline)
     prefix = git_prefix if git_prefix is not None else _layout(base)
     version = f"{_release_of(base, prefix)}+g{base.commit[:12]}"
     return UpstreamPin(name="sglang", version=version, git=GitPin(url, base.commit), pypi=None,
                        git_prefix=prefix)
+
+
+def _remote_commit(url: str, ref: str, cwd: Path) -> str:
+    """The commit a branch or tag names upstream now. Asked every time online: the tree
+    provisioned for a ref is cached under the ref, so without this a branch that moved
+    since an earlier init or rebase would pin its old commit. Names are tried in git's
+    own order (the ref itself, refs/, tags, heads); a tag is peeled to its commit."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    out = _git(["ls-remote", "--exit-code", "--", url, ref], cwd, remote=(url, ref),
+               timeout=GIT_PROBE_TIMEOUT_S)
+    found = dict(reversed(line.split("\t", 1)) for line in out.splitlines() if "\t" in line)
+    for name in (ref, f"refs/{ref}", f"refs/tags/{ref}", f"refs/heads/{ref}"):
+        for key in (f"{name}^{{}}", name):
+            if _HEX40.fullmatch(found.get(key, "")):
+                return found[key]
+    raise MissingRef(ref, url)
 
 
 def _release_of(base: BaseTree, prefix: str) -> str:

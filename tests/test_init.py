@@ -83,6 +83,25 @@ def test_a_git_commit_is_pinned_with_its_layout_and_version(tmp_path: Path, caps
     assert main(["check"]) == Exit.OK
 
 
+def test_a_branch_is_pinned_at_its_commit_now_not_at_a_cached_one(tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
+    """The tree of a ref is cached under the ref: a second init of a branch that moved
+    upstream must pin where it is now (it pinned the cached, older commit)."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    repo, first = fork(tmp_path)
+    url = f"file://{repo}"
+    assert init(capsys, str(tmp_path / "a"), "--git", url, "--ref", "main")[0] == Exit.OK
+    env = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u",
+           "GIT_COMMITTER_EMAIL": "u@x", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "moved"], cwd=repo, env=env,
+                   check=True)
+    moved = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert init(capsys, str(tmp_path / "b"), "--git", url, "--ref", "main")[0] == Exit.OK
+    assert load_series(tmp_path / "a" / "patches.yaml").upstream.git.ref == first
+    assert load_series(tmp_path / "b" / "patches.yaml").upstream.git.ref == moved != first
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--pin", "sglang>=0.5"], "--pin"),
     (["--pin", "--index-url=http://evil"], "--pin"),

@@ -9,10 +9,13 @@ cannot decide (unknown) stops too by default: a rollout that cannot show a step 
 must not widen it; `--on-unknown continue` accepts that risk and says so in the log.
 
 Every step is a JSON line in a log under the state dir, written before its side effects
-(the saved states) and after them (changed, gated, done). `--resume` reads the log:
-finished steps are never redone; a step cut off midway converges its hosts to the
-target (idempotent: a host already there is neither changed nor restarted) and gates
-them, so no step's side effect happens twice.
+(the saved states) and after them (changed, gated, done). `--resume` reads the whole log
+strictly into typed records first (isolate/rolloutlog.py; the plan through the same
+validators as the options, isolate/rolloutplan.py), under the rollout's lock: finished
+steps are never redone; a step cut off midway converges its hosts to the target
+(idempotent: a host already there is neither changed nor restarted) and gates them, so
+no step's side effect happens twice; a stopped rollout finishes (or retries) its
+rollback.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from patchset.errors import Exit, PatchsetError, UsageError
 
 from . import hoststate
 from .hoststate import DrivenHost, HostState
-from .rolloutlog import (GATES, Before, GateResult, Log, LogState, Saved, latest_unfinished,
-                         locked, state_dir)
+from .rolloutlog import (GATES, Before, GateResult, Log, LogState, Saved, check_regular,
+                         latest_unfinished, locked, state_dir)
 from .rolloutlog import read as read_log
 from .rolloutplan import Change, Settings, Step, check_steps, make_plan
 
@@ -99,14 +102,16 @@ def states_off(report: Any, target: HostState, units: list[str],
     for host in report.hosts:
         facts = getattr(host, "facts", None)
         if facts is not None and not getattr(facts, "reachable", True):
-            unknown.append(f"facts not gathered: {getattr(facts, 'error', '') or 'unreachable'}")
+            return [], [f"facts not gathered: {getattr(facts, 'error', '') or 'unreachable'}"]
         for st in host.states:
             if st.server not in units:
                 continue
             seen.add((st.server, st.patch))
             _judge_state(st, target, wrong, unknown)
-    unknown += [f"{u} {p}: no state observed" for u in units for p in patches
-                if (u, p) not in seen]
+    missing = [f"{u} {p}" for u in units for p in patches if (u, p) not in seen]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        unknown.append(f"no state observed of {', '.join(missing[:3])}{more}")
     return wrong, unknown
 
 
@@ -229,7 +234,6 @@ def resume(fleet_for: Callable[[list[str], Settings], Fleet], path: Path, series
     read and checked (isolate/rolloutlog.py) under the rollout's lock before anything is
     written or any host touched. A rollout that stopped finishes its rollback: the hosts
     without a successful rollback are put back (a failed rollback is retried)."""
-    from .rolloutlog import check_regular
     check_regular(path)
     with locked(path):
         state = read_log(path, series)

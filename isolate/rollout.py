@@ -140,7 +140,8 @@ class Rollout:
     steps: list[Step]
     log: str
     done: list[int] = field(default_factory=list)
-    gates: list[dict] = field(default_factory=list)
+    gates: list[dict] = field(default_factory=list)      # gated by this command
+    logged_gates: list[dict] = field(default_factory=list)   # a resumed run's done steps'
     stopped: str | None = None
     rolled_back: list[str] = field(default_factory=list)
     rollback_error: str | None = None
@@ -155,7 +156,7 @@ class Rollout:
     def unknown_accepted(self) -> int:
         """Gates of the steps done that could not decide and were let through
         (`--on-unknown continue`): the run is then not shown safe, only not shown unsafe."""
-        return sum(1 for g in self.gates if g["verdict"] == "unknown"
+        return sum(1 for g in self.logged_gates + self.gates if g["verdict"] == "unknown"
                    and g["step"] in self.done)
 
     @property
@@ -181,7 +182,8 @@ class Rollout:
     def to_json(self) -> dict:
         return {"id": self.id, "change": self.change.to_json(),
                 "steps": [s.to_json() for s in self.steps], "log": self.log,
-                "done": self.done, "gates": self.gates, "stopped": self.stopped,
+                "done": self.done, "gates": self.gates, "logged_gates": self.logged_gates,
+                "stopped": self.stopped,
                 "rolled_back": self.rolled_back, "rollback_error": self.rollback_error,
                 "resumed": self.resumed, "dry_run": self.dry_run, "finished": self.finished,
                 "outcome": self.outcome, "unknown_accepted": self.unknown_accepted}
@@ -242,7 +244,7 @@ def resume(fleet_for: Callable[[list[str], Settings], Fleet], path: Path, series
                              "resume")
         fleet = _fleet_of(fleet_for, state, path)
         run = Rollout(state.plan.id, state.plan.change, list(state.plan.steps), str(path),
-                      done=list(state.done), gates=list(state.gates),
+                      done=list(state.done), logged_gates=list(state.gates),
                       rolled_back=list(state.rolled_back), resumed=True)
         log = Log(path)
         log.write("resume", done=run.done)

@@ -382,6 +382,8 @@ def test_unknowns_accepted_before_a_kill_still_count_after_resume(world, tmp_pat
                  ro.Change(revert=("c",)), plan(), tmp_path)
     run = ro.resume(lambda names, settings: fleet(), ro.latest_unfinished(tmp_path), SERIES)
     assert run.finished and run.unknown_accepted == 1 and run.exit_code == Exit.INCONCLUSIVE
+    assert [g["step"] for g in run.logged_gates] == [0] * 4 and {g["step"] for g in
+                                                                 run.gates} == {1, 2}
 
 
 def test_a_log_write_failure_and_a_failing_stop_write_still_roll_back(

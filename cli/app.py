@@ -286,7 +286,8 @@ def load(path: Optional[Path]) -> Series:
 
 def selection(tier, path, only, exclude):
     from ..selection import Selection, parse_names
-    return Selection(tier=tier, path=path, only=parse_names(only), exclude=parse_names(exclude))
+    return Selection(tier=tier, path=path, only=parse_names(only, "--only"),
+                     exclude=parse_names(exclude, "--exclude"))
 
 
 def resolver_for(series: Series, inventory: Optional[Path], target: Optional[Path],

@@ -4,6 +4,7 @@ the changed hosts back (the library: isolate/rollout.py, its gates isolate/rollo
 
 # No `from __future__ import annotations` in a command module (cli/__init__.py says why).
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -16,8 +17,14 @@ from .app import (AcceptNewOpt, ApiKeyEnvOpt, ConfidenceOpt, DeployView, Exclude
                   emit_json, load, resolver_for, say, selection, term, within)
 
 
+# What --resume may be given: the rest is the logged plan's (a resumed rollout changes
+# and gates as it started), so an option beside --resume would be silently ignored.
+WITH_RESUME = {"resume", "log", "inventory", "accept_new", "as_json", "series"}
+GIVEN = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
 @app.command()
-def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory hosts, in "
+def rollout(ctx: typer.Context, hosts: Optional[List[str]] = typer.Argument(None, help="inventory hosts, in "
                                                         "order [default: every host of the "
                                                         "inventory]"),
             tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
@@ -65,31 +72,25 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
     """Roll one change (a selection, --revert or --gate-off) through hosts: a canary, then
     batches; after each step the gates (health, audit, throughput, drift A/B against
     --baseline) must pass, else every changed host is rolled back and the rollout stops.
-    Exit 0 every step passed, 1 a gate stopped it (rolled back), 4 the rollback failed."""
+    Exit 0 every step passed; 1 a gate stopped it (rolled back); 2 bad input (nothing
+    changed); 4 the rollback failed (`--resume` retries it) or another process drives the
+    rollout; 5 every step done but some gate could not decide (--on-unknown continue)."""
     from patchset.isolate import rollout as ro
-    if resume and dry_run:
-        raise UsageError("--resume goes on changing hosts; --dry-run is for a new "
-                         "rollout's plan (the log shows a started one's)")
+    _refuse_misplaced(ctx, resume, dry_run)
     if on_unknown not in ("stop", "continue"):
         raise UsageError(f"--on-unknown {on_unknown!r}: stop or continue")
     s = load(series)
-    settings = {"baseline": str(baseline) if baseline else None, "max_drop": max_drop,
-                "parallel": parallel, "api_key_env": api_key_env,
-                "health_timeout": health_timeout,
-                "drift": {"output_tokens": output_tokens, "repeats": repeats,
-                          "timeout": probe_timeout, "k": sigmas, "tolerance": tolerance,
-                          "confidence": confidence}}
     with resolver_for(s, inventory, None, accept_new) as resolver:
         with DeployView("rollout") as view:
-            def fleet_for(names, logged):
-                return _watched(_fleet(s, resolver, names, logged, on_unknown), view)
+            def fleet_for(names, settings):
+                _in_inventory(resolver.inventory, names)
+                return _watched(_fleet(s, resolver, names, settings, on_unknown), view)
             if resume:
-                log_path = log or ro.latest_unfinished()
-                if log_path is None:
-                    raise UsageError("--resume: no unfinished rollout under "
-                                     f"{ro.state_dir()}")
-                run = ro.resume(fleet_for, log_path, say)
+                run = ro.resume(fleet_for, _log_to_resume(log, ro), s, say)
             else:
+                settings = _settings(ro, baseline, max_drop, parallel, api_key_env,
+                                     health_timeout, output_tokens, repeats, probe_timeout,
+                                     sigmas, tolerance, confidence)
                 change = _change(s, tier, path, only, exclude, revert, gate_off)
                 names = _hosts(resolver.inventory, hosts, cohort)
                 hosts_of = {n: resolver.inventory.resolve(n) for n in names}
@@ -107,9 +108,70 @@ def rollout(hosts: Optional[List[str]] = typer.Argument(None, help="inventory ho
         raise typer.Exit(run.exit_code)
 
 
+def _refuse_misplaced(ctx: typer.Context, resume: bool, dry_run: bool) -> None:
+    """--resume takes its change, hosts and gate settings from the log: any of them given
+    beside it would be silently ignored, so it is refused, named."""
+    if resume and dry_run:
+        raise UsageError("--resume goes on changing hosts; --dry-run is for a new "
+                         "rollout's plan (the log shows a started one's)")
+    # by the source's name: typer's click is its own, not the `click` package
+    given = [p for p in ctx.command.params if getattr(ctx.get_parameter_source(p.name),
+                                                      "name", None) in GIVEN]
+    if resume:
+        extra = [p for p in given if p.name not in WITH_RESUME]
+        if extra:
+            raise UsageError(f"--resume: {', '.join(_flag(p) for p in extra)}: the resumed "
+                             "rollout's change, hosts and gates are its log's; give only "
+                             "--log, --inventory, --series, --accept-new, --json")
+    elif any(p.name == "log" for p in given):
+        raise UsageError("--log: the log of a rollout to resume: give it with --resume")
+
+
+def _flag(param) -> str:
+    return param.opts[0] if param.param_type_name == "option" else param.name.upper()
+
+
+def _log_to_resume(log: Optional[Path], ro) -> Path:
+    if log is not None:
+        return log
+    found = ro.latest_unfinished(say=say)
+    if found is None:
+        raise UsageError(f"--resume: no unfinished rollout under {ro.state_dir()}")
+    return found
+
+
+def _settings(ro, baseline, max_drop, parallel, api_key_env, health_timeout, output_tokens,
+              repeats, probe_timeout, sigmas, tolerance, confidence):
+    """The gate settings of a new rollout through THE validator a resumed log's go
+    through (isolate/rolloutplan.py), the baseline read and pinned by its sha256 and the
+    API key's variable checked: all before any host is contacted, --dry-run included."""
+    from patchset.isolate.probe import api_key
+    from patchset.isolate.rolloutgates import load_baseline
+    where, sha = None, None
+    if baseline is not None:
+        where = os.path.abspath(baseline)
+        sha = load_baseline(Path(where))[1]
+    api_key(api_key_env)
+    return ro.Settings.from_json({
+        "baseline": where, "baseline_sha256": sha, "max_drop": max_drop,
+        "parallel": parallel, "api_key_env": api_key_env, "health_timeout": health_timeout,
+        "drift": {"output_tokens": output_tokens, "repeats": repeats,
+                  "timeout": probe_timeout, "k": sigmas, "tolerance": tolerance,
+                  "confidence": confidence}})
+
+
+def _in_inventory(inventory, names) -> None:
+    """A rollout's hosts are the inventory's (their roles say what to gate)."""
+    unknown = [n for n in names if n not in inventory.hosts]
+    if unknown:
+        raise UsageError(f"{', '.join(unknown)}: not in the inventory "
+                         f"({inventory.path or 'hosts.yaml'})")
+
+
 def _hosts(inventory, hosts: Optional[List[str]], cohort: Optional[str]) -> list[str]:
     """The hosts in order: those named, a cohort's, or every host of the inventory."""
     if cohort is None:
+        _in_inventory(inventory, hosts or [])
         return list(hosts or inventory.hosts)
     if hosts:
         raise UsageError("--cohort: give the cohort or HOSTS, not both")
@@ -128,53 +190,47 @@ def _watched(fleet, view):
 
 
 def _fleet(s, resolver, names, settings, on_unknown):
-    """The hosts and the real gates, from the gate settings (the options, or those a
-    resumed rollout logged); a bad setting in a log is bad input, named."""
+    """The hosts and the real gates, from the gate settings (the options', or those a
+    resumed rollout logged, both already validated): the baseline must still be the
+    content the rollout started with, the API key's variable set."""
+    from dataclasses import asdict
+
     from patchset.isolate import drift
     from patchset.isolate.hoststate import DrivenHost
+    from patchset.isolate.probe import api_key
     from patchset.isolate.rollout import Fleet
-    from patchset.isolate.rolloutgates import FleetGates
-    try:
-        spec = drift.DriftSpec(**(settings.get("drift") or {}))
-        baseline = Path(settings["baseline"]) if settings.get("baseline") else None
-        saved = drift.load(baseline) if baseline else None
-        gates_of = dict(parallel=int(settings.get("parallel", 4)),
-                        max_drop=float(settings.get("max_drop", 0.5)),
-                        api_key_env=settings.get("api_key_env"))
-    except drift.DriftError as exc:
-        raise UsageError(f"--baseline {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"the rollout's gate settings: {exc}") from None
+    from patchset.isolate.rolloutgates import FleetGates, load_baseline
+    baseline = Path(settings.baseline) if settings.baseline else None
+    saved = load_baseline(baseline, settings.baseline_sha256)[0] if baseline else None
+    api_key(settings.api_key_env)
     driven = {n: DrivenHost(s, resolver.inventory.resolve(n),
                             resolver.transport(n, provision_local=False),
-                            health_timeout=settings.get("health_timeout")) for n in names}
+                            health_timeout=settings.health_timeout) for n in names}
     gates = FleetGates(s, resolver, {n: t.transport for n, t in driven.items()}, saved,
-                       baseline, spec, **gates_of)
+                       baseline, drift.DriftSpec(**asdict(settings.drift)),
+                       parallel=settings.parallel, max_drop=settings.max_drop,
+                       api_key_env=settings.api_key_env)
     return Fleet(driven, gates, on_unknown)
 
 
 def _change(s, tier, path, only, exclude, revert, gate_off):
+    """The one change of a new rollout, checked by the validator a logged one goes
+    through (isolate/rolloutplan.py Change.check)."""
     from patchset.isolate.rollout import Change
     from patchset.selection import parse_names, plan
-    reverted, gated = parse_names(revert), parse_names(gate_off)
-    picked = any((tier, path, only, exclude))
+    reverted, gated = parse_names(revert, "--revert"), parse_names(gate_off, "--gate-off")
+    chosen = selection(tier, path, only, exclude)
+    picked = any((tier, path, chosen.only, chosen.exclude))
     if sum((picked, bool(reverted), bool(gated))) != 1:
         raise UsageError("give one change: a selection (--tier/--path/--only/--exclude), "
                          "--revert or --gate-off")
-    known = s.by_name()
-    for name in (*reverted, *gated):
-        if name not in known:
-            raise UsageError(f"no patch named {name!r} in {s.manifest} (see `patchset list`)")
     if picked:
-        chosen = plan(s, selection(tier, path, only, exclude))
-        names = tuple(p.name for p in chosen.patches)
-        return Change(select=names, label=f"apply {', '.join(names) or 'no patches'}")
+        names = plan(s, chosen).names
+        return Change(select=names, label=f"apply {', '.join(names) or 'no patches'}"
+                      ).check(s)
     if reverted:
-        return Change(revert=tuple(reverted), label=f"revert {', '.join(reverted)}")
-    for name in gated:
-        if known[name].gate is None:
-            raise UsageError(f"--gate-off {name}: that patch has no gate")
-    return Change(gate_off=tuple(gated), label=f"gate off {', '.join(gated)}")
+        return Change(revert=reverted, label=f"revert {', '.join(reverted)}").check(s)
+    return Change(gate_off=gated, label=f"gate off {', '.join(gated)}").check(s)
 
 
 def _render(run, ro) -> None:
@@ -193,6 +249,13 @@ def _render(run, ro) -> None:
                       markup=False)
     if run.rollback_error:
         console.print(f"  ROLLBACK FAILED: {run.rollback_error}", markup=False)
-    if run.finished:
+    if run.rollback_error:
+        console.print(f"  the rollout stays open: `patchset rollout --resume --log "
+                      f"{run.log}` retries the rollback", markup=False)
+    if run.finished and run.unknown_accepted:
+        console.print(f"  {len(run.done)} step(s) done, {run.unknown_accepted} gate(s) "
+                      "unknown (accepted by --on-unknown continue): not shown safe",
+                      markup=False)
+    elif run.finished:
         console.print(f"  every step passed: {len(run.done)} step(s)", markup=False)
     console.print(f"  log: {run.log}", markup=False)

@@ -28,6 +28,7 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
     from patchset.deploy.deploy import deploy_units
     from patchset.isolate.bisect import run_restoring
     from ..selection import parse_names
+    roles = list(parse_names(role, "--role")) or None      # bad input before any host
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:
         spec = resolver.inventory.resolve(host)
@@ -35,7 +36,7 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
         with DeployView(spec.name) as view:
             def run_once():
                 return deploy_units(spec, transport, str(transport.target),
-                                    roles=list(parse_names(role)) or None, dry_run=dry_run,
+                                    roles=roles, dry_run=dry_run,
                                     timeout=health_timeout, lock_wait=lock_wait,
                                     on_event=view.event, git_prefix=s.upstream.git_prefix,
                                     package=s.upstream.name)

@@ -47,11 +47,18 @@ class Plan:
         return tuple(p.name for p in self.patches)
 
 
-def parse_names(values: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """Accept `--only a,b --only c` as well as repeated flags."""
+def parse_names(values: list[str] | tuple[str, ...] | None,
+                flag: str = "a name list") -> tuple[str, ...]:
+    """Accept `--only a,b --only c` as well as repeated flags. A value that names nothing
+    (`--only ''`, `--only ,`) is bad input: read as no names, it would widen `--only` to
+    every patch, risky ones included, the opposite of what was typed."""
     names: list[str] = []
     for value in values or ():
-        names.extend(part.strip() for part in value.split(",") if part.strip())
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        if not parts:
+            raise SelectionError(f"{flag} {value!r}: names nothing (give names, A,B, or "
+                                 "leave the option out)")
+        names.extend(parts)
     return tuple(names)
 
 

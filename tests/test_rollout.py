@@ -5,18 +5,22 @@ rollback of every changed host to its saved state, the log, and resume after a k
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from patchset.errors import Exit, UsageError
+from patchset.errors import Exit, LockedError, TargetError, UsageError
 from patchset.isolate import rollout as ro
+from patchset.isolate import rolloutlog
 from patchset.isolate.hoststate import DrivenHost, HostState
 
-SERIES = SimpleNamespace(patches=[SimpleNamespace(name=n, depends=d) for n, d in (
-    ("a", []), ("b", ["a"]), ("c", []), ("d", []))])
+PATCHES = [SimpleNamespace(name=n, depends=d, conflicts=[], gate=g) for n, d, g in (
+    ("a", [], None), ("b", ["a"], None), ("c", [], "C_GATE"), ("d", [], None))]
+SERIES = SimpleNamespace(patches=PATCHES, manifest="patches.yaml",
+                         by_name=lambda: {p.name: p for p in PATCHES})
 ROLES = {"prefill": {}, "decode": {}}
 
 
@@ -31,6 +35,7 @@ class World:
     actual: dict[str, HostState]
     changes: list[tuple[str, tuple, tuple]] = field(default_factory=list)
     kill_after: int | None = None          # kill once this many changes were made
+    fail_restore: set[str] = field(default_factory=set)   # each fails its next restore
 
     def save(self, t: DrivenHost, what: str = "") -> HostState:
         return self.actual[t.host.name]
@@ -49,6 +54,9 @@ class World:
         return list(roles or t.roles)
 
     def restore(self, t, state, bisect_id=None):
+        if t.host.name in self.fail_restore:
+            self.fail_restore.discard(t.host.name)
+            raise TargetError(f"{t.host.name}: ssh: connection reset")
         return self.converge(t, list(state.applied), list(state.gates_off))
 
 
@@ -59,8 +67,8 @@ class FakeGates:
         self.verdicts = verdicts or {}
         self.checked: list[str] = []
 
-    def before(self, host: str) -> dict:
-        return {"severe": [], "tokens_per_second": 100.0}
+    def before(self, host: str) -> ro.Before:
+        return ro.Before((), 100.0, "")
 
     def check(self, host, target, roles, before, deployed):
         self.checked.append(host)
@@ -143,7 +151,7 @@ def test_the_throughput_gate_against_the_load_before(before, after, verdict) -> 
     from patchset.isolate.rolloutgates import FleetGates
     gates = FleetGates(SERIES, None, {}, max_drop=0.5)
     gates._throughput = lambda host: (after, "" if after else "no answer")
-    result = gates._load("h1", {"tokens_per_second": before, "throughput_why": ""})
+    result = gates._load("h1", ro.Before((), before, ""))
     assert result.verdict == verdict
     assert result.figures == {"before": before, "after": after, "max_drop": 0.5}
 
@@ -160,7 +168,7 @@ def test_states_against_the_target() -> None:
             ("a", "active"), ("b", "active"), ("c", "unknown"), ("d", "drifted"))] + [
         SimpleNamespace(server="sglang-prefill.service", patch="a", state="not-applied")])])
     wrong, unknown = ro.states_off(report, HostState("h", ("a", "c")),
-                                   ["sglang-decode.service"])
+                                   ["sglang-decode.service"], ["a", "b", "c", "d"])
     assert wrong == ["sglang-decode.service b: active (should be not-applied)",
                      "sglang-decode.service d: drifted (runs code that is not the tree's)"]
     assert unknown == ["sglang-decode.service c: unknown"]
@@ -224,22 +232,23 @@ def test_dry_run_writes_nothing(world, tmp_path) -> None:
 
 def test_resume_after_a_kill_continues_without_repeating_a_change(world, tmp_path) -> None:
     world.kill_after = 2                                    # killed once h2 has changed
+    settings = ro.Settings("/b/base.json", "0" * 64, max_drop=0.2)
     with pytest.raises(Killed):
         ro.start(fleet(), ro.Change(revert=("c",)), plan(batch=2), tmp_path,
-                 settings={"baseline": "base.json", "max_drop": 0.2})
+                 settings=settings)
     path = ro.latest_unfinished(tmp_path)
     assert path is not None
     gates, asked = FakeGates(), []
     run = ro.resume(lambda names, settings: asked.append((names, settings)) or fleet(gates),
-                    path)
+                    path, SERIES)
     # the gates are built as the run started them, not from the resuming command
-    assert asked == [(["h1", "h2", "h3"], {"baseline": "base.json", "max_drop": 0.2})]
+    assert asked == [(["h1", "h2", "h3"], settings)]
     assert run.resumed and run.finished and run.done == [0, 1]
     assert [c[0] for c in world.changes] == ["h1", "h2", "h3"]   # each host changed once
     assert gates.checked == ["h2", "h3"]                    # step 0 was not redone
     assert ro.latest_unfinished(tmp_path) is None
     with pytest.raises(UsageError, match="has ended"):
-        ro.resume(lambda names, settings: fleet(), path)
+        ro.resume(lambda names, settings: fleet(), path, SERIES)
 
 
 def test_a_kill_during_the_rollback_is_finished_by_resume(world, tmp_path,
@@ -250,7 +259,7 @@ def test_a_kill_during_the_rollback_is_finished_by_resume(world, tmp_path,
     with pytest.raises(Killed):
         ro.start(fleet(gates), ro.Change(revert=("c",)), plan(), tmp_path)
     path = ro.latest_unfinished(tmp_path)
-    run = ro.resume(lambda names, settings: fleet(FakeGates()), path)
+    run = ro.resume(lambda names, settings: fleet(FakeGates()), path, SERIES)
     assert run.stopped and "h2 audit fail" in run.stopped and world.actual == before
     assert [c[0] for c in world.changes] == ["h1", "h2", "h2", "h1"]
 
@@ -259,9 +268,9 @@ def test_a_damaged_log_is_named_by_line(tmp_path) -> None:
     path = tmp_path / "x.jsonl"
     path.write_text('{"event": "plan"}\nnot json\n{"event": "end"}\n')
     with pytest.raises(UsageError, match=r"x.jsonl:2: not a JSON line"):
-        ro.Log(path).read()
+        rolloutlog.lines(path)
     path.write_text('{"event": "plan"}\n{"event": "st')    # a last line cut by a kill
-    assert ro.Log(path).read() == [{"event": "plan"}]
+    assert rolloutlog.lines(path) == [(1, {"event": "plan"})]
 
 
 # ---------------------------------------------------------------- the command
@@ -328,5 +337,318 @@ def test_a_cohort_is_rolled_through_its_own_hosts(tmp_path, monkeypatch, capsys)
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv,
                                           message) -> None:
+    code, out, err = run_cli(tmp_path, monkeypatch, capsys, *argv, "--dry-run")
+    assert code == Exit.BAD_INPUT and message in err, err
+
+
+# ---------------------------------------------------------------- outcomes (review defects)
+
+def test_a_failed_rollback_stays_open_and_resume_retries_it(world, tmp_path) -> None:
+    before = dict(world.actual)
+    world.fail_restore = {"h1"}                     # one transient failure in the rollback
+    run = ro.start(fleet(FakeGates({("h2", "drift"): "fail"})), ro.Change(revert=("c",)),
+                   plan(), tmp_path)
+    assert run.exit_code == Exit.FAILED and "h1: ssh" in run.rollback_error
+    assert world.actual["h1"] != before["h1"] and world.actual["h2"] == before["h2"]
+    assert "end" not in [e["event"] for e in events(run)]       # not ended: resumable
+    assert ro.latest_unfinished(tmp_path) == Path(run.log)
+    again = ro.resume(lambda names, settings: fleet(), Path(run.log), SERIES)
+    assert world.actual == before and again.exit_code == Exit.FINDINGS
+    assert again.rolled_back == ["h2", "h1"]
+    assert [c[0] for c in world.changes] == ["h1", "h2", "h2", "h1"]   # h2 not redone
+    assert events(run)[-1]["outcome"] == "rolled-back"
+    assert ro.latest_unfinished(tmp_path) is None
+
+
+def test_accepted_unknown_gates_are_inconclusive_not_passed(world, tmp_path,
+                                                            capsys) -> None:
+    from patchset.cli import rollout as cli_rollout
+    unknown = {(h, g): "unknown" for h in ("h1", "h2", "h3") for g in ro.GATES}
+    run = ro.start(fleet(FakeGates(unknown), "continue"), ro.Change(revert=("c",)), plan(),
+                   tmp_path)
+    assert run.finished and run.unknown_accepted == 12
+    assert run.exit_code == Exit.INCONCLUSIVE and run.outcome == "done-unverified"
+    assert events(run)[-1]["outcome"] == "done-unverified"
+    cli_rollout._render(run, ro)
+    out = capsys.readouterr().out
+    assert "3 step(s) done, 12 gate(s) unknown (accepted by --on-unknown continue)" in out
+    assert "every step passed" not in out
+
+
+def test_unknowns_accepted_before_a_kill_still_count_after_resume(world, tmp_path) -> None:
+    world.kill_after = 2                                     # step 1 cut off
+    with pytest.raises(Killed):
+        ro.start(fleet(FakeGates({("h1", "drift"): "unknown"}), "continue"),
+                 ro.Change(revert=("c",)), plan(), tmp_path)
+    run = ro.resume(lambda names, settings: fleet(), ro.latest_unfinished(tmp_path), SERIES)
+    assert run.finished and run.unknown_accepted == 1 and run.exit_code == Exit.INCONCLUSIVE
+    assert [g["step"] for g in run.logged_gates] == [0] * 4 and {g["step"] for g in
+                                                                 run.gates} == {1, 2}
+
+
+def test_a_log_write_failure_and_a_failing_stop_write_still_roll_back(
+        world, tmp_path, monkeypatch) -> None:
+    before = dict(world.actual)
+    real = ro.Log.write
+
+    def write(self, event, **data):
+        if event in ("gates", "stop") and data.get("step", 0) == 1:
+            raise OSError(28, "No space left on device")
+        return real(self, event, **data)
+    monkeypatch.setattr(ro.Log, "write", write)
+    run = ro.start(fleet(), ro.Change(revert=("c",)), plan(), tmp_path)
+    assert run.stopped and "No space left" in run.stopped
+    assert world.actual == before and run.rolled_back == ["h2", "h1"]
+
+
+# ---------------------------------------------------------------- gates measured
+
+def finding(subject, status, fid="server-health[unit]"):
+    return SimpleNamespace(id=fid, subject=subject, status=status, message="", found="",
+                           severity="high")
+
+
+UNIT = "sglang-decode.service"
+
+
+@pytest.mark.parametrize("findings,verdict", [
+    ([finding(UNIT, "pass"), finding(f"{UNIT} /health", "pass", "server-health[health]")],
+     "pass"),
+    ([finding(UNIT, "warn")], "fail"),                   # active, no SGLang process in it
+    ([finding(UNIT, "pass")], "unknown"),                # no /health finding
+    ([finding(UNIT, "pass"), finding(f"{UNIT} /health", "unknown")], "unknown"),
+    ([finding(UNIT, "unknown"), finding(f"{UNIT} /health", "fail")], "fail"),
+    ([], "unknown"),
+])
+def test_the_health_gate_passes_only_what_was_measured_healthy(findings, verdict) -> None:
+    from patchset.isolate.rolloutgates import FleetGates
+    report = SimpleNamespace(findings=findings, hosts=[])
+    assert FleetGates(SERIES, None, {})._health("h1", report, [UNIT]).verdict == verdict
+
+
+def states(rows, reachable=True):
+    facts = SimpleNamespace(reachable=reachable, error="" if reachable else "ssh: refused")
+    return SimpleNamespace(findings=[], hosts=[SimpleNamespace(facts=facts, states=[
+        SimpleNamespace(server=UNIT, patch=p, state=st) for p, st in rows])])
+
+
+ALL_AS_INTENDED = [("a", "active"), ("b", "not-applied"), ("c", "active"),
+                   ("d", "not-applied")]
+
+
+@pytest.mark.parametrize("report,verdict", [
+    (states(ALL_AS_INTENDED), "pass"),
+    (SimpleNamespace(findings=[], hosts=[]), "unknown"),           # no facts at all
+    (states([], reachable=False), "unknown"),                      # unreachable host
+    (states(ALL_AS_INTENDED[:3]), "unknown"),                      # d not observed
+    (states([]), "unknown"),
+])
+def test_the_audit_gate_passes_only_every_state_observed(report, verdict) -> None:
+    from patchset.isolate.rolloutgates import FleetGates
+    result = FleetGates(SERIES, None, {})._states("h1", report, HostState("h1", ("a", "c")),
+                                                  [UNIT], ro.Before())
+    assert result.verdict == verdict, result.why
+
+
+def test_an_unset_api_key_variable_is_bad_input_not_unknown(monkeypatch) -> None:
+    from patchset.isolate.rolloutgates import FleetGates
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    gates = FleetGates(SERIES, SimpleNamespace(endpoint=lambda h: None), {},
+                       api_key_env="NO_SUCH_KEY_VAR")
+    with pytest.raises(UsageError, match="--api-key-env NO_SUCH_KEY_VAR: the variable"):
+        gates._throughput("h1")
+
+
+# ---------------------------------------------------------------- the log, read strictly
+
+def killed_log(world, tmp_path, kill_after=1, **start) -> Path:
+    """A log of a run killed after `kill_after` host changes (step 0 done with 2)."""
+    world.kill_after = kill_after
+    with pytest.raises(Killed):
+        ro.start(fleet(), ro.Change(revert=("c",)), plan(), tmp_path, **start)
+    return ro.latest_unfinished(tmp_path)
+
+
+def edit(path: Path, n: int, change) -> None:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    change(lines[n - 1])
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def setting(key, value):
+    def put(plan):
+        where = plan["settings"]
+        for part in key.split(".")[:-1]:
+            where = where[part]
+        where[key.split(".")[-1]] = value
+    return put
+
+
+@pytest.mark.parametrize("line,change,message", [
+    (1, setting("max_drop", 5), ":1: settings.max_drop: 5 is not within 0 to 1"),
+    (1, setting("parallel", 10**9), ":1: settings.parallel:"),
+    (1, setting("parallel", 4.5), ":1: settings.parallel: expected int"),
+    (1, setting("drift.tolerance", 1e300), ":1: settings.drift.tolerance:"),
+    (1, setting("baseline", "base.json"), ":1: settings.baseline: 'base.json' is not an abs"),
+    (1, lambda p: p["settings"].pop("max_drop"), ":1: settings: missing max_drop"),
+    (1, lambda p: p.update(on_unknown="maybe"), ":1: on_unknown: 'maybe'"),
+    (1, lambda p: p["change"].update(revert="c"), ":1: change.revert: expected list"),
+    (1, lambda p: p["change"].update(revert=["zz"]), ":1: change.revert: no patch named"),
+    (1, lambda p: p["change"].update(evil=1), ":1: change: unknown key(s) evil"),
+    (1, lambda p: p["change"].update(select=["b"]), ":1: change: give one change"),
+    (1, lambda p: p["change"].update(revert=[], select=["b"]), "not dependency-closed"),
+    (1, lambda p: p["change"].update(revert=[], gate_off=["a"]), "a: that patch has no gate"),
+    (1, lambda p: p["steps"][1].update(hosts=[]), ":1: steps[1].hosts: 0 hosts"),
+    (1, lambda p: p["steps"][1].update(number=0), ":1: steps[1]: step 0"),
+    (1, lambda p: p["steps"][2].update(hosts=["h2"]), ":1: steps[2].hosts: h2 changed twice"),
+    (1, lambda p: p["steps"][0].update(roles={"h1": ["decode"]}),
+     ":1: steps: the role canary's host h1 is in no batch"),
+    (3, lambda e: e["before"]["severe"].append({"subject": "x"}),
+     ":3: before.severe[0]: missing id"),
+    (3, lambda e: e["state"].update(applied=[1]), ":3: state: applied[0]: expected"),
+    (3, lambda e: e["state"].update(applied=["zz"]), ":3: state: zz: not in the series"),
+    (3, lambda e: e["state"].update(host="h2"), ":3: state.host: 'h2'"),
+    (3, lambda e: e.pop("host"), ":3: event: missing host"),
+    (3, lambda e: e.update(host="h9"), ":3: host: h9 is not a host of step 0"),
+    (3, lambda e: e.update(step=7), ":3: step: 7 is not the step under way"),
+    (2, lambda e: e.update(event="step-done", step=0) or e.pop("hosts"),
+     ":2: step: step 0 done, but h1 never"),
+    (2, lambda e: e.update(event="bogus"), ":2: event: 'bogus' is no event"),
+])
+def test_a_damaged_or_edited_log_is_refused_before_anything(world, tmp_path, line, change,
+                                                            message) -> None:
+    path = killed_log(world, tmp_path)
+    edit(path, line, change)
+    data, changes = path.read_bytes(), list(world.changes)
+    with pytest.raises(UsageError, match=re.escape(f"{path.name}{message}"
+                                                   if message.startswith(":") else message)):
+        ro.resume(lambda names, settings: fleet(), path, SERIES)
+    assert path.read_bytes() == data and world.changes == changes
+
+
+def test_a_step_done_out_of_order_is_refused(world, tmp_path) -> None:
+    path = killed_log(world, tmp_path, kill_after=3)          # step 0 and 1 done
+    lines = path.read_text().splitlines()
+    done = [line for line in lines if '"step-done"' in line]
+    path.write_text("\n".join(lines + [done[0]]) + "\n")      # step 0 done once more
+    with pytest.raises(UsageError, match=r":\d+: step: 0 is not the step under way"):
+        ro.resume(lambda names, settings: fleet(), path, SERIES)
+
+
+def test_logged_steps_are_checked_against_the_inventory_roles(world, tmp_path) -> None:
+    path = killed_log(world, tmp_path)
+    bare = fleet()
+    bare.hosts["h3"].host.roles = {}
+    with pytest.raises(UsageError, match=r":1: steps\[2\].hosts: h3: no prefill or decode"):
+        ro.resume(lambda names, settings: bare, path, SERIES)
+
+
+def test_a_link_at_log_is_refused_and_the_scan_skips_links_and_damage(world, tmp_path,
+                                                                      capsys) -> None:
+    path = killed_log(world, tmp_path)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(path)
+    with pytest.raises(UsageError, match="link.jsonl: not a regular file"):
+        ro.resume(lambda names, settings: fleet(), link, SERIES)
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "gone")
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("not json\n")
+    said = []
+    assert ro.latest_unfinished(tmp_path, said.append) == path
+    assert len(said) == 1 and "damaged.jsonl:1" in said[0]
+
+
+def test_a_torn_last_line_is_cut_before_the_next_write(world, tmp_path) -> None:
+    path = killed_log(world, tmp_path)
+    with open(path, "a") as f:
+        f.write('{"at": "2026-12-05T08:00:00+00:00", "event": "gat')   # cut mid-write
+    world.kill_after = len(world.changes) + 1                          # killed again
+    with pytest.raises(Killed):
+        ro.resume(lambda names, settings: fleet(), path, SERIES)
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+    run = ro.resume(lambda names, settings: fleet(), path, SERIES)
+    assert run.finished and run.exit_code == Exit.OK
+
+
+def test_a_second_driver_of_one_rollout_is_refused(world, tmp_path) -> None:
+    import os
+    path = killed_log(world, tmp_path)
+    data = path.read_bytes()
+    with rolloutlog.locked(path):                             # the first run, still alive
+        with pytest.raises(LockedError, match=f"rollout {path.stem}: .*pid {os.getpid()}"):
+            ro.resume(lambda names, settings: fleet(), path, SERIES)
+    assert path.read_bytes() == data and LockedError.exit_code == Exit.FAILED
+    assert ro.resume(lambda names, settings: fleet(), path, SERIES).finished
+
+
+# ---------------------------------------------------------------- the command's inputs
+
+def drift_run(path: Path, endpoint: str = "e") -> Path:
+    from patchset.isolate import drift
+    path.write_text(json.dumps({"format": drift.RUN_FORMAT, "endpoint": endpoint,
+                                "started": 0, "spec": {}, "sequences": []}))
+    return path
+
+
+def test_the_baseline_is_logged_absolute_and_pinned(tmp_path, monkeypatch) -> None:
+    import hashlib
+    from patchset.cli import rollout as cli_rollout
+    from patchset.isolate.rolloutgates import load_baseline
+    base = drift_run(tmp_path / "base.json")
+    monkeypatch.chdir(tmp_path)
+    settings = cli_rollout._settings(ro, Path("base.json"), 0.5, 4, None, None, 256, 3,
+                                     600.0, 3.0, 0.002, 0.99)
+    assert settings.baseline == str(base)
+    assert settings.baseline_sha256 == hashlib.sha256(base.read_bytes()).hexdigest()
+    drift_run(base, "another run")
+    with pytest.raises(UsageError, match="its content changed since the rollout started"):
+        load_baseline(base, settings.baseline_sha256)
+
+
+def test_resume_refuses_a_baseline_changed_since_the_start(world, tmp_path, monkeypatch,
+                                                           capsys) -> None:
+    from patchset.isolate.rolloutgates import load_baseline
+    base = drift_run(tmp_path / "base.json")
+    settings = ro.Settings(str(base), load_baseline(base)[1])
+    steps = ro.make_plan(["gpu1", "gpu2"], None, 1, lambda _: ["decode"])
+    world.actual.update({h: HostState(h, ("mhc-bf16",)) for h in ("gpu1", "gpu2")})
+    world.kill_after = 1
+    hosts = {h: DrivenHost(SERIES, SimpleNamespace(name=h, roles=ROLES), None)
+             for h in ("gpu1", "gpu2")}
+    with pytest.raises(Killed):
+        ro.start(ro.Fleet(hosts, FakeGates()), ro.Change(revert=("mhc-bf16",)), steps,
+                 tmp_path, settings=settings)
+    log = ro.latest_unfinished(tmp_path)
+    drift_run(base, "another run")
+    code, out, err = run_cli(tmp_path, monkeypatch, capsys, "--resume", "--log", str(log))
+    assert code == Exit.BAD_INPUT and "its content changed" in err, err
+    assert world.changes == [("gpu1", (), ())]                  # the canary only, once
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--revert", "mhc-bf16"), "--resume: --revert:"),
+    (("gpu1",), "--resume: HOSTS:"),
+    (("--load", "2", "--batch", "2"), "--resume: --batch, --load:"),
+    (("--baseline", "x.json"), "--resume: --baseline:"),
+])
+def test_resume_refuses_options_its_log_decides(tmp_path, monkeypatch, capsys, argv,
+                                               message) -> None:
+    code, out, err = run_cli(tmp_path, monkeypatch, capsys, "--resume", *argv)
+    assert code == Exit.BAD_INPUT and message in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--only", ""), "--only '': names nothing"),
+    (("--revert", ","), "--revert ',': names nothing"),
+    (("--revert", "mhc-bf16", "--baseline", "/dev/zero"), "--baseline /dev/zero"),
+    (("--revert", "mhc-bf16", "--baseline", "/no/such.json"), "--baseline /no/such.json"),
+    (("--revert", "mhc-bf16", "--api-key-env", "NO_SUCH_KEY_VAR"),
+     "--api-key-env NO_SUCH_KEY_VAR: the variable is not set"),
+    (("gpu9", "--revert", "mhc-bf16"), "gpu9: not in the inventory"),
+    (("--revert", "mhc-bf16", "--log", "x.jsonl"), "--log: the log of a rollout to resume"),
+])
+def test_dry_run_validates_what_a_run_validates(tmp_path, monkeypatch, capsys, argv,
+                                                message) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     code, out, err = run_cli(tmp_path, monkeypatch, capsys, *argv, "--dry-run")
     assert code == Exit.BAD_INPUT and message in err, err

@@ -87,6 +87,19 @@ def test_parse_names_accepts_commas_and_repeats() -> None:
     assert parse_names(["a,b", " c ", "d,,"]) == ("a", "b", "c", "d")
 
 
+@pytest.mark.parametrize("values", [[""], [" , "], ["a", ""]])
+def test_an_explicit_empty_name_list_is_bad_input(values) -> None:
+    # read as no names, `--only ''` would select every patch, risky ones included
+    with pytest.raises(SelectionError, match="--only .*: names nothing"):
+        parse_names(values, "--only")
+
+
+def test_plan_refuses_an_empty_only(capsys) -> None:
+    from patchset.cli import main
+    code = main(["plan", "--only", ""])
+    assert code == 2 and "--only '': names nothing" in capsys.readouterr().err
+
+
 def test_exhaustive_selections_are_dependency_closed(series) -> None:
     selections = closed_selections(series, exhaustive=True)
     assert len(selections) == 15   # of 32 subsets, these respect depends (empty included)

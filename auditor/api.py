@@ -15,11 +15,11 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from patchset import __version__
-from patchset.agent import wire
+from patchset.agent.lib import wire
 from patchset.api import DEFAULT_FORKS, on_hosts
 from patchset.errors import Exit, PatchsetError, TargetError, Unreachable
 from patchset.transport import Transport
-from patchset.model import Series
+from patchset.series.model import Series
 
 from . import hostfacts
 from . import policy as policy_mod

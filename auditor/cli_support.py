@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from patchset.errors import UsageError
-from patchset.model import Series
+from patchset.series.model import Series
 
 from . import api
 from . import cohorts as cohorts_mod
@@ -20,7 +20,7 @@ from .rank import Access
 from .render import FORMATS
 from .report import to_dict
 
-# The roles `patchset probe HOST` sends to, in order (isolate/probe.py, connect/tunnel.py):
+# The roles `patchset probe HOST` sends to, in order (isolate/measure/probe.py, connect/tunnel.py):
 # a host with a port for one is probed by name, through its SSH connection.
 PROBE_ROLES = ("router", "decode")
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchset.errors import ManifestError
-from patchset.model import Patch, Series
-from patchset.agent.staleness import runs_in
+from patchset.series.model import Patch, Series
+from patchset.agent.lib.staleness import runs_in
 
 from .facttable import Context, role as role_of
 from .model import HostReport, Server

@@ -177,7 +177,7 @@ class Exporter:
 
     def _failure(self, host: str, what: str, exc: Exception) -> str:
         """Log a failure (its trace too when it is a bug), secrets redacted; the message."""
-        from patchset.agent.redact import redact_text
+        from patchset.agent.lib.redact import redact_text
         message = redact_text(" ".join(str(exc).split()) or type(exc).__name__)
         self.log(f"{host}: {what} failed: {message}")
         if not isinstance(exc, PatchsetError):

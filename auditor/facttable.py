@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from patchset.factnames import QUANT_FIELDS
+from patchset.series.factnames import QUANT_FIELDS
 
-from patchset.agent.facts.base import FactValue
+from patchset.agent.lib.facts.base import FactValue
 from .model import Checkpoint, HostFacts, Server
 from .running import running
 

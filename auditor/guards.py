@@ -1,7 +1,7 @@
 """Undeclared call-path guards against the live values of one server.
 
 A patch whose gate is on and whose `requires` all hold is `active`, unless the code on its
-call path tests a setting nothing declares (a guard, patchset/guards.py) and the server
+call path tests a setting nothing declares (a guard, patchset/analysis/guards.py) and the server
 runs with that setting at another value than the pin's default: then the declaration did
 not look at what decides whether the patched code runs, and the state is `unknown`,
 "undeclared guard NAME=value (file:line)". A guard whose live value is unknown or the
@@ -13,7 +13,7 @@ The live values come from the fact table (`env.X`: the scheduler processes' envi
 `server.X`: /server_info, the command line); nothing new is read on a host.
 
 The guards come from the series: derived from the pinned base, kept in the cache by
-`patchset check` / `show` (patchset.guards.stored), or derived here from the cached base
+`patchset check` / `show` (patchset.analysis.guards.stored), or derived here from the cached base
 without the network on first use, once per process. Without the base (never provisioned
 on this machine) there are no guards and states are as declared.
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchset.guards import Guard, PatchGuards, covered_by, series_key, stored
-from patchset.model import Patch, Series
+from patchset.analysis.guards import Guard, PatchGuards, covered_by, series_key, stored
+from patchset.series.model import Patch, Series
 
 from .facttable import Context, resolve
 from .values import same, shown

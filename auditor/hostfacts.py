@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from patchset.agent import wire
-from patchset.agent.facts import checkpoint as ck
-from patchset.agent.facts import gpu, http, journal, procs, systemd, trace, tree
-from patchset.agent.facts.base import Fact, FactValue
+from patchset.agent.lib import wire
+from patchset.agent.lib.facts import checkpoint as ck
+from patchset.agent.lib.facts import gpu, http, journal, procs, systemd, trace, tree
+from patchset.agent.lib.facts.base import Fact, FactValue
 from .model import Checkpoint, HostFacts, Proc, Server, Unit
 
 

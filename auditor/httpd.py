@@ -3,7 +3,7 @@ leave reachable (with --public, by anyone on the network).
 
 Every connection gets an answer or a quiet close, and none holds the exporter:
 - one deadline per connection (`client_timeout`, 10 s by default) across reading the
-  request and writing the answer (patchset/agent/httpdeadline.py, the same deadline the
+  request and writing the answer (patchset/agent/lib/httpdeadline.py, the same deadline the
   HTTP client uses): an idle client, one that drips its headers or one that never reads
   the answer is closed when it runs out; a per-operation timeout would let a byte every
   few seconds hold a thread for ever;
@@ -27,7 +27,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from patchset.agent.httpdeadline import Deadline, DeadlineSocket
+from patchset.agent.lib.httpdeadline import Deadline, DeadlineSocket
 
 Route = Callable[[str | None], tuple[int, bytes, str]]
 

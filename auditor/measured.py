@@ -1,9 +1,9 @@
 """`patchset audit --measured FILE`: a bisect by drift's report, read and checked.
 
-The file is what `patchset bisect HOST --probe drift` saves (isolate/bisect.py,
+The file is what `patchset bisect HOST --probe drift` saves (isolate/search/bisect.py,
 BisectReport.to_json, strategy `group-testing`): the host, the bisect's id, per suspect
 its contribution `{suspect, value, low, high, how}`, and the steps, each with its probes
-`[A/B drift report, prefill-vs-decode report]` (isolate/drift.py DriftReport.to_json), and
+`[A/B drift report, prefill-vs-decode report]` (isolate/measure/drift.py DriftReport.to_json), and
 the culprit. Only the fields the audit uses are read, each checked; a bad file is one line
 naming the file and the field (exit 2), before any host is contacted. The ranking
 (auditor/rank.py) reads the typed record, model.Measured.
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from patchset import inputfile
 from patchset.errors import ManifestError, UsageError
-from patchset.model import Series
+from patchset.series.model import Series
 
 from .model import (HOW_ATTRIBUTED, HOW_CLEARED, HOW_UNDECIDED, Contribution, Measured,
                     MeasuredStep)

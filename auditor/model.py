@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from patchset.agent.facts.base import FactValue, Provenance
+from patchset.agent.lib.facts.base import FactValue, Provenance
 
 if TYPE_CHECKING:
     from .waivers import Waived, WaiverReport
@@ -210,7 +210,7 @@ HOW_UNDECIDED = ("undecided",)      # neither told from the noise nor bounded: n
 
 @dataclass(frozen=True)
 class Contribution:
-    """One suspect's drift as a bisect by drift attributed it (isolate/driftsearch.py)."""
+    """One suspect's drift as a bisect by drift attributed it (isolate/search/driftsearch.py)."""
 
     suspect: str
     value: float | None              # the drift it carries; None: cleared with its group

@@ -1,6 +1,6 @@
 """What the tracer saw, and the only conclusions it supports.
 
-The records (patchset/agent/tracer.py, gathered as Server.trace) say, per process, which
+The records (patchset/agent/lib/tracer.py, gathered as Server.trace) say, per process, which
 targets it watched since when, which it entered, which returned (or raised), in which
 forward modes, and how many forward passes of each mode returned. Three outcomes per
 patch and server, and nothing else:
@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from patchset.agent.staleness import PATCHES_VAR
-from patchset.agent.tracer import FORWARD, KERNEL, MODULE, OUTSIDE, split_flag
+from patchset.agent.lib.staleness import PATCHES_VAR
+from patchset.agent.lib.tracer import FORWARD, KERNEL, MODULE, OUTSIDE, split_flag
 
 from .model import Server
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchset.model import PATHS, Requirement
+from patchset.series.model import PATHS, Requirement
 
 from .model import SEVERITIES, STATES
 from .policyfile import AuditDataError, _load, _req

@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from patchset import factnames, inputfile, yamlsrc
+from patchset.series import factnames
+from patchset import inputfile, yamlsrc
 from patchset.errors import Exit, ManifestError, PatchsetError
-from patchset.model import REQUIRE_OPS, Requirement
+from patchset.series.model import REQUIRE_OPS, Requirement
 
 
 class AuditDataError(PatchsetError):

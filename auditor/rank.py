@@ -19,11 +19,11 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
-from patchset.model import Patch
+from patchset.series.model import Patch
 
 from .checks.base import AuditContext
 from .facttable import Context, role
-from patchset.agent.staleness import served_paths
+from patchset.agent.lib.staleness import served_paths
 
 from .model import (
     HOW_UNDECIDED,
@@ -308,7 +308,7 @@ def suggested_plan(series, names: list[str], host: str) -> str:
     """`patchset plan --only NAMES HOST` for the selection `plan` makes of `names` (names
     the series no longer has left out), or "" when `plan` would refuse it."""
     from patchset.errors import PatchsetError
-    from patchset.selection import Selection, plan
+    from patchset.series.selection import Selection, plan
     known = series.by_name()
     wanted = tuple(dict.fromkeys(n for n in names if n in known))
     try:

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from patchset.agent.facts.base import FactValue
+from patchset.agent.lib.facts.base import FactValue
 from .model import COUNTED, STATUSES, HostFacts, Report, Server
-from patchset.agent.redact import redact
+from patchset.agent.lib.redact import redact
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "report.schema.json"
 SCHEMA_ID = "patchset-audit-report"

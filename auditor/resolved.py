@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchset import factnames
-from patchset.model import Requirement
+from patchset.series import factnames
+from patchset.series.model import Requirement
 
 from .model import SEVERITIES
 from .policyfile import AuditDataError, _load, _req

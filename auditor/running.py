@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from patchset.agent.facts.base import FactValue, Provenance
+from patchset.agent.lib.facts.base import FactValue, Provenance
 
 from .model import Evidence, Server
 from .values import same, shown

@@ -1,4 +1,4 @@
-"""Is a server stale? The agent's one rule (patchset/agent/staleness.py), on gathered facts.
+"""Is a server stale? The agent's one rule (patchset/agent/lib/staleness.py), on gathered facts.
 
 `patchset status` judges the units on the host with the same `judge`, from the same
 inputs (the main process's start, its PATCHSET_PATCHES, the tree's state), so the two
@@ -7,7 +7,7 @@ cannot disagree.
 
 from __future__ import annotations
 
-from patchset.agent.staleness import PATCHES_VAR, epoch, iso, judge, role_patch_ids
+from patchset.agent.lib.staleness import PATCHES_VAR, epoch, iso, judge, role_patch_ids
 
 from .model import Server
 

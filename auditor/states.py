@@ -21,15 +21,15 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from patchset.model import Patch, Requirement, Series
+from patchset.series.model import Patch, Requirement, Series
 
-from patchset.agent.facts.base import FactValue
+from patchset.agent.lib.facts.base import FactValue
 from .facttable import Context, resolve, role
 from .model import Condition, HostFacts, PatchState, Server
 from .observed import describe, loaded, modes_ran, observe, word_for
 from .staleness import stale
 from .values import same, shown
-from patchset.agent.staleness import runs_in, served_paths
+from patchset.agent.lib.staleness import runs_in, served_paths
 
 
 def evaluate_host(series: Series, facts: HostFacts) -> list[PatchState]:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from patchset import inputfile, yamlsrc
-from patchset.agent.redact import redact_text
+from patchset.agent.lib.redact import redact_text
 from patchset.errors import UsageError
 from patchset.validate import control_char, describe
 

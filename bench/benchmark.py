@@ -35,9 +35,9 @@ from benchlib import (Row, add_note, bytecode_cached, count_row, measure, paired
 
 from patchset.connect.local import LocalTransport
 from patchset import api
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize, provision
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize, provision
 
 # ---------------------------------------------------------------- apply vs peers
 
@@ -239,7 +239,7 @@ def _transfer_row(series: Any, transports: Any, full: Any, provider: Any) -> Row
 
 
 def _provider(series: Any) -> Any:
-    from patchset.basebundle import base_bundle
+    from patchset.pin.basebundle import base_bundle
 
     def provide():
         base = provision(series.upstream)

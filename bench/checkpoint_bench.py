@@ -17,10 +17,10 @@ from pathlib import Path
 
 from benchlib import Row, add_note, count_row, row, spread, verdict
 
-from patchset.agent.facts import checkpoint as ck
+from patchset.agent.lib.facts import checkpoint as ck
 from patchset.agent import gather
 from patchset.agent import runner as runner_mod
-from patchset.agent.redact import Redactor
+from patchset.agent.lib.redact import Redactor
 
 SIZES = (("10 MB", 10 * 10**6), ("100 GB", 100 * 10**9))
 CALLS_PER_RUN = 200        # one run = the mean of this many reads (a read is ~0.1 ms)

@@ -1,5 +1,5 @@
 """Restarts a bisect spends to find one culprit among n suspects: group testing by drift
-(isolate/driftsearch.py, `patchset bisect --probe drift`) vs one at a time (today's
+(isolate/search/driftsearch.py, `patchset bisect --probe drift`) vs one at a time (today's
 `patchset bisect` with a pass/fail probe).
 
 Simulated on the stand-in's model: each suspect is a precision rule of the stand-in's toy
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "standin" / "payload"))
 
-from patchset.isolate import driftsearch                                   # noqa: E402
-from patchset.isolate.driftstats import compare, exceeds                    # noqa: E402
+from patchset.isolate.search import driftsearch  # noqa: E402
+from patchset.isolate.measure.driftstats import compare, exceeds  # noqa: E402
 
 
 def toy_states(tokens: int, output: int) -> dict[bool, tuple[list[float], list[float]]]:

@@ -18,11 +18,11 @@ import typer
 import typer.main
 
 from .. import validate
-from ..agent import safewrite
+from patchset.agent.lib import safewrite
 from ..errors import Exit, PatchsetError, UsageError
 
 if TYPE_CHECKING:
-    from ..model import Series
+    from patchset.series.model import Series
 
 
 HELP = ("A quilt-style patch queue for SGLang that also deploys and audits what it "
@@ -83,7 +83,7 @@ def SecondsOpt(default: Optional[float], *flags: str, help: str):  # noqa: N802 
 
 
 # One HTTP exchange (a probe's request, a serve client's connection): each is one
-# deadline (patchset/agent/httpdeadline.py); 0 would fail every request and more than a
+# deadline (patchset/agent/lib/httpdeadline.py); 0 would fail every request and more than a
 # day is a typo, not a wait.
 MIN_REQUEST_SECONDS, MAX_REQUEST_SECONDS = 0.001, 24 * 3600
 request_seconds = within(MIN_REQUEST_SECONDS, MAX_REQUEST_SECONDS,
@@ -279,13 +279,13 @@ class DeployView:
 # ---------------------------------------------------------------- shared plumbing
 
 def load(path: Optional[Path]) -> Series:
-    from ..manifest import load_series
-    from ..paths import default_series
+    from patchset.series.manifest import load_series
+    from patchset.pin.paths import default_series
     return load_series(path or default_series())
 
 
 def selection(tier, path, only, exclude):
-    from ..selection import Selection, parse_names
+    from patchset.series.selection import Selection, parse_names
     return Selection(tier=tier, path=path, only=parse_names(only, "--only"),
                      exclude=parse_names(exclude, "--exclude"))
 
@@ -414,7 +414,7 @@ def retry_bisect_refusals(series: Series, resolver: Any, specs: list[str],
     # Imported here, not at the top: isolate.bisect brings the probes, drift and the
     # tunnel, 1.2 - 1.6 s of import measured on the shared 2-core machine at load 9
     # (2026-12-04; `python -c pass` took 0.09 s there), which every command would pay.
-    from patchset.isolate.bisect import retry_pending
+    from patchset.isolate.search.bisect import retry_pending
     return retry_pending(series, resolver, specs, results, again, say)
 
 
@@ -484,9 +484,9 @@ def _usage_error(exc: BaseException) -> str | None:
 def _unexpected(exc: BaseException) -> int:
     """A bug: a short line here, the trace in a 0600 log; both redacted (an exception's
     message or a local in the trace may hold an API key or a token)."""
-    from ..agent.redact import redact_text
+    from patchset.agent.lib.redact import redact_text
 
-    from ..paths import data_home
+    from patchset.pin.paths import data_home
     log = data_home() / "debug.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     from patchset.auditor import cli_support
     from patchset.auditor.measured import load_all as load_measured
     from patchset.auditor.render import render
-    from patchset.isolate.probe import audit_probes
+    from patchset.isolate.measure.probe import audit_probes
     s = load(series)
     cli_support.check_format(fmt)
     runs = load_measured(measured or [], hosts, s, symptom)     # before any host is contacted

@@ -1,5 +1,5 @@
 """`patchset bisect`: A/B gates, then revert suspects one at a time, re-probing after each,
-until the probe flips; the host always ends as it started (the library: isolate/bisect.py,
+until the probe flips; the host always ends as it started (the library: isolate/search/bisect.py,
 which also holds the recovery by which the next apply/revert/deploy finishes the restore
 of a bisect whose run is gone)."""
 
@@ -49,8 +49,8 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
     suspects stay undecided (drift: neither told from the noise nor bounded below the
     tolerance, never cleared; recall/needle: the probe could not judge a state), 130
     Ctrl-C."""
-    from patchset.isolate import bisect as bisector
-    from patchset.isolate.probe import parse_kinds, parse_sizes, parse_url
+    from patchset.isolate.search import bisect as bisector
+    from patchset.isolate.measure.probe import parse_kinds, parse_sizes, parse_url
     s = load(series)
     kinds = parse_kinds(probe, "--probe") if probe != "drift" else ("drift",)
     sizes_checked, url_checked = parse_sizes(sizes), parse_url(url) if url else None
@@ -60,15 +60,15 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
             bisector.restore_pending(t, say)
             return
         if probe == "drift":
-            from patchset.isolate.drift import DriftSpec
-            from patchset.isolate.probe import client_for
+            from patchset.isolate.measure.drift import DriftSpec
+            from patchset.isolate.measure.probe import client_for
             plan = bisector.DriftProbe(
                 client_for(host, url_checked, None, api_key_env, resolver=resolver),
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
                           timeout=probe_timeout, k=sigmas, tolerance=tolerance,
                           confidence=confidence, budget=budget))
         else:
-            from patchset.isolate.probe import direct
+            from patchset.isolate.measure.probe import direct
             plan = bisector.BisectProbe(kinds=kinds, sizes=sizes_checked,
                                         endpoint=direct(url_checked) if url_checked
                                         else resolver.endpoint(host),

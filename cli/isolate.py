@@ -79,7 +79,8 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
         return
     if save or against:
         raise UsageError("--save and --against go with --kind drift")
-    from patchset.isolate.probe import FidelitySpec, fidelity, parse_kinds, parse_sizes, parse_url
+    from patchset.isolate.measure.probe import (FidelitySpec, fidelity, parse_kinds,
+                                                parse_sizes, parse_url)
     spec = FidelitySpec(url=parse_url(url) if url else None, host=host,
                         inventory=str(inventory) if inventory else None,
                         kinds=parse_kinds(kind), sizes=parse_sizes(sizes),
@@ -95,10 +96,10 @@ def probe(host: Optional[str] = typer.Argument(None, help="inventory host (its r
 
 def _probe_drift(host, url, sizes, api_key_env, timeout, save, against, repeats,
                  output_tokens, sigmas, fmt, inventory, decision) -> None:
-    from patchset.isolate import driftview
-    from patchset.isolate.drift import DriftSpec, probe_drift
-    from patchset.isolate.probe import client_for
-    from patchset.isolate.probe import parse_sizes
+    from patchset.isolate.measure import driftview
+    from patchset.isolate.measure.drift import DriftSpec, probe_drift
+    from patchset.isolate.measure.probe import client_for
+    from patchset.isolate.measure.probe import parse_sizes
     tolerance, confidence, budget = decision
     spec = DriftSpec(sizes=parse_sizes(sizes), output_tokens=output_tokens, repeats=repeats,
                      timeout=timeout, k=sigmas, tolerance=tolerance, confidence=confidence,
@@ -149,7 +150,7 @@ def export_cmd(quilt: Path = typer.Option(..., "--quilt", help="directory for th
     """Write the series as a quilt series (DEP-3 headers kept), in series order."""
     from dataclasses import asdict
 
-    from ..interop import export_quilt
+    from patchset.authoring.interop import export_quilt
     result = export_quilt(load(series), quilt, force=force)
     if as_json:
         emit_json(asdict(result))
@@ -177,7 +178,7 @@ def import_cmd(rev_range: Optional[str] = typer.Argument(None, help="BASE..HEAD 
     patches are checked before any file is written."""
     from dataclasses import asdict
 
-    from ..interop import ImportMeta, ImportSource, import_from
+    from patchset.authoring.interop import ImportMeta, ImportSource, import_from
     source = ImportSource(quilt=quilt, git=git, rev_range=rev_range, split=split)
     meta = ImportMeta(tier=tier, path=path, author=author)
     result = import_from(load(series), source, meta, progress=RichProgress(), offline=offline)
@@ -213,7 +214,7 @@ def init_cmd(directory: Path = typer.Argument(Path("."), help="where patches.yam
     or a git commit (its layout read from the tree). Never overwrites a manifest."""
     from dataclasses import asdict
 
-    from ..newseries import InitRequest, init_series
+    from patchset.authoring.newseries import InitRequest, init_series
     req = InitRequest(directory=directory, requirement=pin, git_url=git, ref=ref,
                       python_version=python_version, platform=platform, offline=offline)
     result = init_series(req, progress=RichProgress())
@@ -253,8 +254,8 @@ def adopt_cmd(host: str = typer.Argument(..., help="inventory name, user@host[:p
     hand edits (--split: per file), each with a proposed gate, trace targets and
     call-path guards. Dry run unless --write; --write changes no served byte (hashed
     before and after)."""
-    from ..adopt import AdoptOptions, plan, write as write_series
-    from ..interop import ImportMeta
+    from patchset.authoring.adopt import AdoptOptions, plan, write as write_series
+    from patchset.authoring.interop import ImportMeta
     ImportMeta(tier=tier, path=path)                     # bad flags before any host is read
     s = load(series)
     options = AdoptOptions(checkout=checkout, split=split, tier=tier, path=path,
@@ -330,7 +331,7 @@ def capture(host: str = typer.Argument(..., help="inventory name, user@host[:por
     the host is only read. Checked on the pin + series before anything is written."""
     from dataclasses import asdict
 
-    from ..capture import CaptureMeta, capture as do_capture, check_meta
+    from patchset.authoring.capture import CaptureMeta, capture as do_capture, check_meta
     s = load(series)
     meta = CaptureMeta(name=name, tier=tier, path=path, summary=summary, author=author)
     check_meta(s, meta)

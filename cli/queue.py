@@ -11,7 +11,7 @@ from .. import __version__
 from ..errors import Exit
 
 if TYPE_CHECKING:
-    from ..agent.records import UnitStatus
+    from patchset.agent.lib.records import UnitStatus
     from ..api import HostStatus
 from .app import (AcceptNewOpt, DeployView, ExcludeOpt, ForksOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt,
                   LockWaitOpt, OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app,
@@ -27,7 +27,7 @@ from .app import (AcceptNewOpt, DeployView, ExcludeOpt, ForksOpt, HealthTimeoutO
 def list_cmd(tier: Optional[str] = TierOpt, path: Optional[str] = PathOpt,
              as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """List the series (filtered by --tier/--path), in series order."""
-    from ..selection import list_patches
+    from patchset.series.selection import list_patches
     s = load(series)
     patches = list_patches(s, tier, path)
     if as_json:
@@ -55,7 +55,7 @@ def show(name: str, series: Optional[Path] = SeriesOpt,
     """Show one patch: metadata, header, the guards on its call path (and what covers
     each), files with diffstat, highlighted diff."""
     from ..api import show as show_patch
-    from ..guards import for_patch
+    from patchset.analysis.guards import for_patch
     s = load(series)
     view = show_patch(s, name)
     guards = for_patch(s, name)          # from the cache: `show` never downloads the pin
@@ -105,11 +105,11 @@ def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
           series: Optional[Path] = SeriesOpt) -> None:
     """Validate the manifest and apply every selection on the pinned base (zero fuzz)."""
     from .. import api
-    from ..upstream import blob_reader, provision
+    from patchset.pin.upstream import blob_reader, provision
     s = load(series)
     base = provision(s.upstream, progress=RichProgress(), offline=offline)
     report = api.check(s, blob_reader(base), f"{base.commit} ({base.source})", exhaustive)
-    from ..guards import stored, uncovered
+    from patchset.analysis.guards import stored, uncovered
     derived = stored(s, base=base)
     missing = uncovered(s, derived or {})
     if as_json:
@@ -167,7 +167,7 @@ def plan_cmd(hosts: Optional[List[str]] = typer.Argument(None, help="hosts to co
              series: Optional[Path] = SeriesOpt) -> None:
     """Show which patches a selection takes and why; with HOST, what apply would change."""
     from .. import api
-    from ..selection import plan
+    from patchset.series.selection import plan
     s = load(series)
     result = plan(s, selection(tier, path, only, exclude))
     host_results = []
@@ -221,7 +221,7 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Make each host run exactly the selected patches, atomically."""
     from .. import api
-    from ..selection import plan
+    from patchset.series.selection import plan
     s = load(series)
     selected = plan(s, selection(tier, path, only, exclude))
     with resolver_for(s, inventory, target, accept_new) as resolver:
@@ -396,7 +396,7 @@ def _restart_after_apply(series, resolver, specs, transports, results, timeout, 
 def provision(offline: bool = typer.Option(False, "--offline"),
               series: Optional[Path] = SeriesOpt, as_json: bool = JsonOpt) -> None:
     """Fetch the pinned upstream into the local cache (git, else the verified PyPI wheel)."""
-    from ..upstream import provision as do_provision
+    from patchset.pin.upstream import provision as do_provision
     s = load(series)
     base = do_provision(s.upstream, progress=RichProgress(), offline=offline)
     if as_json:

@@ -1,5 +1,5 @@
 """`patchset rebase --onto REF`: move the series to another upstream release (the library
-does the work: patchset/rebase.py); this renders the per-patch outcomes."""
+does the work: patchset/authoring/rebase.py); this renders the per-patch outcomes."""
 
 from pathlib import Path
 from typing import Optional
@@ -34,7 +34,7 @@ def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the rele
     if (onto is None) == (check is None):
         raise UsageError("give --onto RELEASE or --check START..END (one of them)")
     if check is not None:
-        from ..rebasecheck import check_range
+        from patchset.authoring.rebasecheck import check_range
         report = check_range(load(series), check, progress=RichProgress(), offline=offline)
         if as_json:
             emit_json({**asdict(report), "exit_code": report.exit_code})
@@ -43,7 +43,7 @@ def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the rele
         if report.exit_code:
             raise typer.Exit(report.exit_code)
         return
-    from ..rebase import rebase
+    from patchset.authoring.rebase import rebase
     result = rebase(load(series), onto, dry_run=dry_run, progress=RichProgress(),
                     offline=offline)
     if as_json:

@@ -1,6 +1,6 @@
 """`patchset rollout`: one change through hosts in steps (a canary, then batches), gated
 after each step on health, the audit, throughput and the drift A/B; a failing gate rolls
-the changed hosts back (the library: isolate/rollout.py, its gates isolate/rolloutgates.py)."""
+the changed hosts back (the library: isolate/rollout/rollout.py, its gates isolate/rollout/rolloutgates.py)."""
 
 # No `from __future__ import annotations` in a command module (cli/__init__.py says why).
 
@@ -75,7 +75,7 @@ def rollout(ctx: typer.Context, hosts: Optional[List[str]] = typer.Argument(None
     Exit 0 every step passed; 1 a gate stopped it (rolled back); 2 bad input (nothing
     changed); 4 the rollback failed (`--resume` retries it) or another process drives the
     rollout; 5 every step done but some gate could not decide (--on-unknown continue)."""
-    from patchset.isolate import rollout as ro
+    from patchset.isolate.rollout import rollout as ro
     _refuse_misplaced(ctx, resume, dry_run)
     if on_unknown not in ("stop", "continue"):
         raise UsageError(f"--on-unknown {on_unknown!r}: stop or continue")
@@ -143,10 +143,10 @@ def _log_to_resume(log: Optional[Path], ro) -> Path:
 def _settings(ro, baseline, max_drop, parallel, api_key_env, health_timeout, output_tokens,
               repeats, probe_timeout, sigmas, tolerance, confidence):
     """The gate settings of a new rollout through THE validator a resumed log's go
-    through (isolate/rolloutplan.py), the baseline read and pinned by its sha256 and the
+    through (isolate/rollout/rolloutplan.py), the baseline read and pinned by its sha256 and the
     API key's variable checked: all before any host is contacted, --dry-run included."""
-    from patchset.isolate.probe import api_key
-    from patchset.isolate.rolloutgates import load_baseline
+    from patchset.isolate.measure.probe import api_key
+    from patchset.isolate.rollout.rolloutgates import load_baseline
     where, sha = None, None
     if baseline is not None:
         where = os.path.abspath(baseline)
@@ -195,11 +195,11 @@ def _fleet(s, resolver, names, settings, on_unknown):
     content the rollout started with, the API key's variable set."""
     from dataclasses import asdict
 
-    from patchset.isolate import drift
-    from patchset.isolate.hoststate import DrivenHost
-    from patchset.isolate.probe import api_key
-    from patchset.isolate.rollout import Fleet
-    from patchset.isolate.rolloutgates import FleetGates, load_baseline
+    from patchset.isolate.measure import drift
+    from patchset.isolate.search.hoststate import DrivenHost
+    from patchset.isolate.measure.probe import api_key
+    from patchset.isolate.rollout.rollout import Fleet
+    from patchset.isolate.rollout.rolloutgates import FleetGates, load_baseline
     baseline = Path(settings.baseline) if settings.baseline else None
     saved = load_baseline(baseline, settings.baseline_sha256)[0] if baseline else None
     api_key(settings.api_key_env)
@@ -215,9 +215,9 @@ def _fleet(s, resolver, names, settings, on_unknown):
 
 def _change(s, tier, path, only, exclude, revert, gate_off):
     """The one change of a new rollout, checked by the validator a logged one goes
-    through (isolate/rolloutplan.py Change.check)."""
-    from patchset.isolate.rollout import Change
-    from patchset.selection import parse_names, plan
+    through (isolate/rollout/rolloutplan.py Change.check)."""
+    from patchset.isolate.rollout.rollout import Change
+    from patchset.series.selection import parse_names, plan
     reverted, gated = parse_names(revert, "--revert"), parse_names(gate_off, "--gate-off")
     chosen = selection(tier, path, only, exclude)
     picked = any((tier, path, chosen.only, chosen.exclude))

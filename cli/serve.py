@@ -43,7 +43,7 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     from patchset.auditor import api, cli_support, exporter, policy
     from patchset.auditor.cohorts import from_inventory as cohorts_from
     from patchset.auditor.report import to_dict
-    from patchset.isolate.probe import audit_probes
+    from patchset.isolate.measure.probe import audit_probes
     s = load(series)
     period = exporter.parse_duration(interval)
     address, port = exporter.parse_listen(listen, public)

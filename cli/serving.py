@@ -26,8 +26,8 @@ def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles s
                as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Render the host's systemd units (gates from its tree), install, restart, wait."""
     from patchset.deploy.deploy import deploy_units
-    from patchset.isolate.bisect import run_restoring
-    from ..selection import parse_names
+    from patchset.isolate.search.bisect import run_restoring
+    from patchset.series.selection import parse_names
     roles = list(parse_names(role, "--role")) or None      # bad input before any host
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Mapping
 
 from patchset import transport as wire
-from patchset.agent import main as agent
-from patchset.agent.protocol import Events
-from patchset.agent.wire import Failure, Request, Result, encode_request
+from patchset.agent.main import ISOLATED_OPS, serve_json
+from patchset.agent.lib.protocol import Events
+from patchset.agent.lib.wire import Failure, Request, Result, encode_request
 
 
 class LocalTransport:
@@ -41,14 +41,14 @@ class LocalTransport:
         request = wire.stamp(request, self.target)
         self.round_trips += 1
         with tempfile.TemporaryDirectory(prefix=wire.workdir_name(request, "")) as tmp:
-            if self.sudo or not self.in_process or request.op in agent.ISOLATED_OPS:
+            if self.sudo or not self.in_process or request.op in ISOLATED_OPS:
                 return self._child(Path(tmp), request, files, on_event)
             for name, source in (files or {}).items():
                 dest = Path(tmp) / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, dest)
             # through JSON as over SSH: the same exact-type checks on both sides
-            answer = agent.serve_json(encode_request(request), Path(tmp),
+            answer = serve_json(encode_request(request), Path(tmp),
                                       Events(sink=on_event or (lambda e: None)))
             return wire.decode(self.host, request.op, answer)
 

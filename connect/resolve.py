@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from patchset.agent import bounded
+from patchset.agent.lib import bounded
 from patchset.errors import UsageError
-from patchset.model import Series
-from patchset.paths import default_target, remote_default_target
+from patchset.series.model import Series
+from patchset.pin.paths import default_target, remote_default_target
 from patchset.progress import NullProgress, Progress
 
 from . import inventory as inv
@@ -106,7 +106,7 @@ def local_target(series: Series, provision: bool, progress: Progress) -> Path:
     if not provision:
         raise UsageError(f"localhost: no tree at {path} yet; run "
                          "`patchset apply --tier safe localhost` to provision it")
-    from patchset.upstream import materialize, provision as provision_pin
+    from patchset.pin.upstream import materialize, provision as provision_pin
     base = provision_pin(series.upstream, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     with progress.task(f"provisioning {series.upstream.name} {series.upstream.version} "
@@ -122,8 +122,8 @@ def check_tree_pin(pin, path: Path) -> None:
     """Read-only: refuse (exit 2, `file:line: upstream.FIELD`) a pin whose sha256 the
     cached wheel disagrees with, or that is not the pin the default tree at `path` was
     provisioned from (the first field that differs, both values shown)."""
-    from patchset import pinrules
-    from patchset.upstream import verify_cached_wheel
+    from patchset.pin import pinrules
+    from patchset.pin.upstream import verify_cached_wheel
     verify_cached_wheel(pin)
     try:
         recorded = bounded.read_json(path / ".git" / PIN_RECORD, bounded.MIB, "pin record")["pin"]
@@ -155,8 +155,8 @@ def _first_difference(old: dict, new: dict) -> tuple[tuple[str, ...], object, ob
 def base_provider(series: Series, progress: Progress) -> Callable[[], tuple[str, Path]]:
     """Ships the pinned base to a host that has no tree and cannot fetch it itself."""
     def provide() -> tuple[str, Path]:
-        from patchset.basebundle import base_bundle
-        from patchset.upstream import provision
+        from patchset.pin.basebundle import base_bundle
+        from patchset.pin.upstream import provision
         base = provision(series.upstream, progress=progress)
         return base.commit, base_bundle(base)
     return provide

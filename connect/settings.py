@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from patchset import validate
-from patchset.agent.redact import is_secret_name
+from patchset.agent.lib.redact import is_secret_name
 
 ROLES = ("prefill", "decode", "router")
 SERVER_ROLES = ("prefill", "decode")

@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 from patchset import inputfile
 from patchset import transport as wire
-from patchset.agent import bounded
-from patchset.agent.wire import Failure, Request, Result
+from patchset.agent.lib import bounded
+from patchset.agent.lib.wire import Failure, Request, Result
 from patchset.errors import Unreachable, PatchsetError
 
 from .inventory import Host

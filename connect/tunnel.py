@@ -18,7 +18,7 @@ Nothing here reaches a shell: the channel carries bytes. Method, path and header
 checked before anything is sent (the path starts with "/" and is printable ASCII without
 spaces, so no CR/LF can split the request), a response body is capped (MAX_BODY), a
 request has one deadline, `timeout` seconds for connect, send, headers and body together
-(patchset/agent/httpdeadline.py: a server that drips a byte at a time cannot hold a
+(patchset/agent/lib/httpdeadline.py: a server that drips a byte at a time cannot hold a
 probe), and every failure is one line that names the host and host:port (Unreachable: exit
 3; a reply that is not bounded HTTP: EndpointError, exit 4). An HTTP error status is a
 response, not an exception: the caller judges it.
@@ -34,8 +34,8 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from patchset import validate
-from patchset.agent.httpdeadline import (Deadline, DeadlineHTTPConnection,
-                                         DeadlineHTTPSConnection, DeadlineSocket)
+from patchset.agent.lib.httpdeadline import (Deadline, DeadlineHTTPConnection,
+                                             DeadlineHTTPSConnection, DeadlineSocket)
 from patchset.errors import Unreachable, PatchsetError, UsageError
 
 from .inventory import Host

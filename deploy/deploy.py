@@ -14,7 +14,7 @@ installed unless every file rendered and `systemd-analyze verify` printed nothin
 
 Credentials (api_key, admin_api_key, secret flags of extra_args) go to a root-only
 `--config` file, never the unit or the command line. Whatever a deploy returns, streams or
-raises passes one redaction point (`Scrub`, patchset/agent/redact.py): the diffs, the
+raises passes one redaction point (`Scrub`, patchset/agent/lib/redact.py): the diffs, the
 journal tail of a failed unit, errors and progress events never show a secret.
 """
 
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from patchset import __version__
-from patchset.agent import wire
-from patchset.agent.redact import Redactor, is_secret_name
+from patchset.agent.lib import wire
+from patchset.agent.lib.redact import Redactor, is_secret_name
 from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, UsageError
 from patchset.transport import EventSink, Transport, raise_for
 
@@ -178,7 +178,7 @@ def _names(roles: list[str]) -> dict[str, dict]:
 class Scrub:
     """The one redaction point of deploy output. Everything `deploy_units` returns (the diffs,
     the failed unit's journal lines, the error and its details, notes), every progress
-    event it streams and every error it raises passes here, through patchset/agent/redact.py:
+    event it streams and every error it raises passes here, through patchset/agent/lib/redact.py:
     by name (`HF_TOKEN=...`, `--api-key ...`, `api-key: ...`), by shape (`hf_...`), and
     every value known to be a secret (the inventory's, the rendered files', the installed
     files') wherever and however it is quoted."""

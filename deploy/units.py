@@ -28,8 +28,8 @@ from typing import Any, Callable
 from patchset import validate
 from patchset.errors import PatchsetError, UsageError
 
-from patchset.agent import staleness, tracer
-from patchset.agent.facts.systemd import parse_env_file
+from patchset.agent.lib import staleness, tracer
+from patchset.agent.lib.facts.systemd import parse_env_file
 from patchset.connect.settings import (ABS_PATH, CONFIG_SUFFIX, DEFAULT_BOOTSTRAP_PORT,
                                       DEFAULT_TRANSFER_BACKEND, ENV_NAME, MANAGED_ENV,
                                       MANAGED_FLAGS, MIN_TIMEOUT_START, PATCH_NAME,
@@ -42,7 +42,7 @@ ENV_DIR = "/etc/sglang"
 TEMPLATE_DIRS = (Path(__file__).resolve().parent.parent / "systemd",   # a checkout
                  Path(sys.prefix) / "share" / "patchset" / "systemd")     # an install
 
-# The tracer (patchset/agent/tracer.py): installed by the deploy runner in TRACE_HOME
+# The tracer (patchset/agent/lib/tracer.py): installed by the deploy runner in TRACE_HOME
 # (sitecustomize.py + patchset_tracer.py, first on the unit's PYTHONPATH); each role's
 # records go to its root-only RuntimeDirectory, which systemd removes when the unit stops.
 TRACE_HOME = tracer.HOME
@@ -126,13 +126,13 @@ def _connect_host(bind: str) -> str:
 
 def role_applied(applied: list[dict], role: str) -> list[dict]:
     """The applied patches whose code runs in `role`, in order (the one rule:
-    patchset/agent/staleness.py)."""
+    patchset/agent/lib/staleness.py)."""
     return staleness.role_applied(applied, role)
 
 
 def trace_value(applied: list[dict], traces: dict) -> str:
     """PATCHSET_TRACE: `NAME:SHA12=MODULE:QUALNAME,...` for every applied patch (its
-    targets as the host derived them: patchset/agent/tracetargets.py, each prefixed by
+    targets as the host derived them: patchset/agent/lib/tracetargets.py, each prefixed by
     what a returned call of it shows (tracer.FLAGS: `!` a compiled kernel, never
     watchable; `+` the patch's own function; `=` an upstream function whose changed lines
     run on every call; `?` one whose changed lines may not), then `~forward=` the server's

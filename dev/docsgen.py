@@ -155,7 +155,34 @@ def schema_page() -> str:
     return "".join(lines)
 
 
+# ---------------------------------------------------------------- the agent's ops
+
+def _record_fields(cls: type) -> str:
+    import dataclasses
+    names = [f.name for f in dataclasses.fields(cls)
+             if f.name not in ("target", "tree", "python")]
+    return ", ".join(f"`{n}`" for n in names) or "-"
+
+
+def agent_ops_page() -> str:
+    from patchset.agent.lib.protocol import PROTOCOL
+    from patchset.agent.lib.wire import OPS
+    rows = "".join(f"| `{op.name}` | `patchset/agent/{op.part}.py` `{op.function}` | "
+                   f"{cell(_record_fields(op.request))} | {cell(_record_fields(op.result))} | "
+                   f"{'yes' if op.isolated else ''} |\n" for op in OPS.values())
+    return (f"{HEADER}# Agent operations\n\nWhat the controller can ask of a host's agent, "
+            f"from the one op table (`patchset.agent.lib.wire.OPS`), protocol {PROTOCOL}. "
+            "Every request also names `target`, `tree` and `python`; every result is the "
+            "op's record or one `Failure` (`kind`, `message`, `details`). The part named "
+            "serves the op through its `serve(request, bundle, events)` frame (its lock, "
+            "its error mapping); \"own process\" ops run apart from the CLI even for a "
+            "local tree. Adding an op is one entry in the table.\n\n"
+            "| op | served by | request fields | result fields | own process |\n"
+            "|---|---|---|---|---|\n" + rows)
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "agent-ops.md": agent_ops_page,
     "cli.md": cli_page,
     "exit-codes.md": exit_codes_page,
     "checks.md": checks_page,

@@ -12,17 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import __version__
-from .agent import wire
-from .agent.wire import ApplyRequest, ApplyResult, BisectMarkResult, Failure, RevertRequest
+from patchset.agent.lib import wire
+from patchset.agent.lib.wire import (ApplyRequest, ApplyResult, BisectMarkResult, Failure,
+                                     RevertRequest)
 from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetError,
                      TargetError, UsageError)
-from .model import Patch, Series
-from .selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
+from patchset.series.model import Patch, Series
+from patchset.series.selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
 
 if TYPE_CHECKING:
     # Imported where used: `list`, `show` and `plan` load neither (the agent's records
     # and the transport's tarfile are a few ms of a command that takes about 100).
-    from .agent.records import StatusRecord, UnitStatus
+    from patchset.agent.lib.records import StatusRecord, UnitStatus
     from .transport import Transport
 
 
@@ -197,7 +198,7 @@ class HostStatus:
 
 
 def status(series: Series, transport: Transport) -> HostStatus:
-    from .agent.records import StatusRecord
+    from patchset.agent.lib.records import StatusRecord
     from .transport import raise_for
     request, files = make_request(series, "status")
     result = raise_for(transport.host, transport.call(request, files))
@@ -333,10 +334,10 @@ def check(series: Series, read_base_blob, base_label: str, exhaustive: bool = Fa
     The engine is imported here, not at the top: only `check` runs it in this process
     (`list`, `plan`, `show` never do, and the engine's imports are a quarter of `list`).
     """
-    from .agent import engine
+    from patchset.agent.lib.gitblob import blob_id
     base = base_files(series)
     contents = {path: read_base_blob(path) for path in base}
-    pre = tuple(PreImage(path, blob, engine.blob_id(contents[path]) if contents[path] is not None
+    pre = tuple(PreImage(path, blob, blob_id(contents[path]) if contents[path] is not None
                          else None) for path, blob in sorted(base.items()))
     selections = closed_selections(series, exhaustive)
     results = []
@@ -351,7 +352,8 @@ def _check_one(series: Series, chosen: tuple[Patch, ...],
                contents: dict[str, bytes | None]) -> SelectionCheck:
     import tempfile
 
-    from .agent import engine
+    from patchset.agent.lib.protocol import Events
+    from patchset.agent.main import serve
     names = tuple(p.name for p in chosen)
     with tempfile.TemporaryDirectory(prefix="patchset-check-") as tmp:
         root = Path(tmp)
@@ -361,7 +363,7 @@ def _check_one(series: Series, chosen: tuple[Patch, ...],
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
                 (root / path).write_bytes(data)
         request, _ = make_request(series, "apply", chosen, target=str(root))
-        result = engine.run(request, series.root)
+        result = serve(request, series.root, Events(sink=lambda event: None))
     if not isinstance(result, Failure):
         return SelectionCheck(names, True)
     return SelectionCheck(names, False, result.message)

@@ -5,7 +5,7 @@ An input path may name anything: a FIFO (a plain `open` blocks forever), `/dev/z
 huge file (a plain `read` exhausts memory), a directory. Every input is opened without
 blocking, must be a regular file, and is read up to a size bound; anything else is a
 one-line `file: (file): ...` error (exit 2) before a byte of it is used. The reading
-itself is patchset/agent/bounded.py's, which the hosts run too.
+itself is patchset/agent/lib/bounded.py's, which the hosts run too.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .agent import bounded
-from .agent.bounded import KIB, MIB, size_text  # noqa: F401 - the limits' units, re-exported
+from patchset.agent.lib import bounded
+from patchset.agent.lib.bounded import KIB, MIB, size_text  # noqa: F401 - the limits' units, re-exported
 from .errors import ManifestError
 
 MANIFEST_LIMIT = 4 * MIB        # patches.yaml; the shipped one is 15 KiB
@@ -42,7 +42,7 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
 
 
 def read_json(path: str | Path, limit: int, what: str = "file") -> Any:
-    """A JSON file, bounded as a file and as a document (patchset/agent/bounded.py)."""
+    """A JSON file, bounded as a file and as a document (patchset/agent/lib/bounded.py)."""
     with as_manifest_error():
         return bounded.read_json(path, limit, what)
 

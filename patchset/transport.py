@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar
 
-from .agent import bounded, wire
-from .agent.protocol import PARTS, ended, killed
+from patchset.agent.lib import bounded, wire
+from patchset.agent.lib.protocol import ended, killed
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class LineSink:
         if self.result is not None:
             return decode(host, op, self.result)
         tail = (stderr.strip().splitlines() or self.other)[-3:]
-        part = PARTS.get(str(op), "the agent")
+        part = wire.OPS[op].serves if op in wire.OPS else "the agent"
         output = " / ".join(tail) or "no output"
         if killed(exited, shell):
             raise TargetError(f"{host}: {part} {ended(exited, shell)} before it gave a "

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .agent.bounded import field_name
+from patchset.agent.lib.bounded import field_name
 from .errors import ManifestError
 
 Path_ = tuple  # a path into the document: ("series", 0, "tier")

@@ -118,8 +118,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 pytest_plugins = ["tests.hosts.fixtures"]   # real nspawn test hosts
 
-from patchset.model import GitPin, PypiPin, UpstreamPin  # noqa: E402
-from patchset.upstream import BaseTree, fetch_wheel, provision  # noqa: E402
+from patchset.pin.model import GitPin, PypiPin, UpstreamPin  # noqa: E402
+from patchset.pin.upstream import BaseTree, fetch_wheel, provision  # noqa: E402
 
 SGLANG_PIN = UpstreamPin(
     name="sglang",

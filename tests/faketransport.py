@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from dataclasses import fields
 
 from patchset import transport as wire
-from patchset.agent import wire as agentwire
+from patchset.agent.lib import wire as agentwire
 
 Answer = Callable[[dict, "wire.EventSink | None"], dict]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from patchset.cli import main
-from patchset.manifest import load_series
-from patchset.upstream import _pin_key
+from patchset.series.manifest import load_series
+from patchset.pin.upstream import _pin_key
 
 ERROR = re.compile(r"patchset: error: [^\n]+")
 

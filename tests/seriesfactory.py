@@ -13,7 +13,7 @@ from typing import Callable
 
 import yaml
 
-from patchset.upstream import BaseTree, materialize
+from patchset.pin.upstream import BaseTree, materialize
 
 DSV4 = "python/sglang/srt/models/deepseek_v4.py"
 CHAT = "python/sglang/srt/entrypoints/openai/serving_chat.py"

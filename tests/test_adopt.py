@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from patchset.adopt import proposed_gate
+from patchset.authoring.adopt import proposed_gate
 from patchset.cli import main
 from patchset.errors import Exit
-from patchset.manifest import load_series
+from patchset.series.manifest import load_series
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u",
            "GIT_COMMITTER_EMAIL": "u@x", "PATH": "/usr/bin:/bin"}
@@ -223,7 +223,7 @@ def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
     moved = dict(served, **{"python/sglang/version.py": "0" * 40})
     def request(expected: dict):
         return adoption.AdoptRequest(target=str(site), state=state, expected=expected)
-    result = adoption.run(request(moved), site)
+    result = adoption.serve(request(moved), site)
     assert isinstance(result, adoption.Failure) and "changed since the plan" in result.message
     assert not (site / ".patchset").exists()
     real = adoption._record
@@ -232,13 +232,13 @@ def test_the_agent_refuses_a_tree_that_moved_and_undoes_a_change_while_adopting(
         real(target, *args)
         (site / "sglang" / "srt" / "foo.py").write_text("meddled\n")
     monkeypatch.setattr(adoption, "_record", meddle)
-    result = adoption.run(request(served), site)
+    result = adoption.serve(request(served), site)
     assert isinstance(result, adoption.Failure) and "changed while adopting" in result.message
     assert not (site / ".patchset").exists()
     (site / ".patchset").mkdir()                 # what a killed adopt leaves: no state
     monkeypatch.setattr(adoption, "_record", real)
     served = adoption.served_files(adoption.engine.Target(str(site), "python/", "sglang"))[0]
-    result = adoption.run(request(served), site)
+    result = adoption.serve(request(served), site)
     assert isinstance(result, adoption.AdoptResult)
     assert (site / ".patchset" / "state.json").is_file()
 
@@ -330,7 +330,7 @@ def test_a_merge_base_that_is_not_the_pin_is_not_the_pin(fork, capsys, tmp_path,
 
 def test_every_edited_file_is_read_however_many_and_a_huge_one_is_refused(
         fork, capsys, monkeypatch) -> None:
-    from patchset import adopt as adopt_mod
+    from patchset.authoring import adopt as adopt_mod
     from patchset.agent import adoption
     monkeypatch.setattr(adoption, "READ_LIMIT", 2)        # the agent returns 2 per request
     monkeypatch.setattr(adopt_mod, "READ_BATCH", 3)
@@ -368,7 +368,7 @@ def test_a_write_killed_before_the_host_took_it_is_resumed_by_the_next(
         fork, capsys, monkeypatch) -> None:
     """A kill after the manifest, before the host's state: the next `adopt --write` finds
     its own series there and puts the host under management (no --force needed)."""
-    from patchset import adopt as adopt_mod
+    from patchset.authoring import adopt as adopt_mod
 
     def killed(*args):
         raise SystemExit(137)
@@ -390,7 +390,7 @@ def test_a_write_killed_before_the_host_took_it_is_resumed_by_the_next(
 
 
 def test_a_host_refusal_puts_every_local_file_back(fork, capsys, monkeypatch) -> None:
-    from patchset import adopt as adopt_mod
+    from patchset.authoring import adopt as adopt_mod
     from patchset.errors import UsageError
     site, series = fork["site"], fork["series"]
     assert adopt(capsys, "localhost", "--target", str(site), "--split", "--write",
@@ -476,19 +476,19 @@ def test_the_agent_checks_the_base_commit_and_its_meta_before_writing(fork, tmp_
     site = fork["site"]
     target = adoption.engine.Target(str(site), "python/", "sglang")
     served = adoption.served_files(target)[0]
-    result = adoption.run(adopt_request(site, None, served), site)
+    result = adoption.serve(adopt_request(site, None, served), site)
     assert isinstance(result, adoption.Failure) and result.kind == "usage"
     assert "state.base.commit" in result.message and not (site / ".patchset").exists()
     notes = tmp_path / "notes"
     notes.mkdir()
     (site / ".patchset").symlink_to(notes)
-    result = adoption.run(adopt_request(site, fork["pin"], served), site)
+    result = adoption.serve(adopt_request(site, fork["pin"], served), site)
     assert isinstance(result, adoption.Failure) and "symbolic link" in result.message
     assert list(notes.iterdir()) == []
     (site / ".patchset").unlink()
     (site / ".patchset").mkdir()
     (site / ".patchset" / "state.json").symlink_to(tmp_path / "nowhere.json")
-    result = adoption.run(adopt_request(site, fork["pin"], served), site)
+    result = adoption.serve(adopt_request(site, fork["pin"], served), site)
     assert isinstance(result, adoption.Failure) and "not a state record" in result.message
     assert sorted(p.name for p in (site / ".patchset").iterdir()) == ["state.json"]
 
@@ -509,7 +509,7 @@ def test_a_failed_adopt_on_a_git_tree_removes_exactly_what_it_made(fork, monkeyp
     monkeypatch.setattr(adoption, "_record", fail)
     req = adopt_request(f, fork["pin"], served)
     req.state["kind"], req.state["layout"] = "git", "git"
-    result = adoption.run(req, f)
+    result = adoption.serve(req, f)
     assert isinstance(result, adoption.Failure) and result.message == "injected"
     assert not (f / ".patchset").exists()
     assert "refs/patchset/base" not in git(f, "show-ref")

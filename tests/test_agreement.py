@@ -1,6 +1,6 @@
 """`patchset status` and `patchset audit` agree on the same host state (issue 13, point 2).
 
-Both judge a server by the one staleness rule (patchset/agent/staleness.py) and read the
+Both judge a server by the one staleness rule (patchset/agent/lib/staleness.py) and read the
 host through the one runner, but they reach it by different roads: status judges each
 unit that `patchset deploy` marked (its role from X-Patchset-Role, its start from
 systemd), the audit judges each process it finds (its role from /server_info, its start

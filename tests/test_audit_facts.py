@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patchset.agent.facts import FACTS, get
+from patchset.agent.lib.facts import FACTS, get
 
 CASES = sorted((Path(__file__).parent / "audit_facts" / "facts").glob("*.json"))
 

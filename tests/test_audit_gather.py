@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from patchset.auditor import api, hostfacts, report
-from patchset.agent import gather, wire
+from patchset.agent import gather
+from patchset.agent.lib import wire
 from patchset.transport import AGENT_NAME, agent_files, bundle
 from tests.hosts.ports import reserve_port
 from tests.standin.install import install_standin_local
@@ -87,7 +88,7 @@ def server(pinned_base, model: Path, tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="module")
 def gathered(server) -> dict:
-    return wire.encode_result(gather.run(wire.AuditRequest(
+    return wire.encode_result(gather.serve(wire.AuditRequest(
         tree=str(server["tree"]), package="sglang", tensors=[{"pattern": "*hc_attn_fn"}])))
 
 
@@ -143,17 +144,17 @@ def test_audit_on_localhost_end_to_end(server, model) -> None:
 def test_bundle_holds_only_stdlib_modules() -> None:
     files = agent_files()
     assert f"{AGENT_NAME}/gather.py" in files and f"{AGENT_NAME}/engine.py" in files
-    assert f"{AGENT_NAME}/facts/gpu.py" in files and f"{AGENT_NAME}/redact.py" in files
+    assert f"{AGENT_NAME}/lib/facts/gpu.py" in files and f"{AGENT_NAME}/lib/redact.py" in files
     for name, data in files.items():
         text = data.decode()
         for heavy in ("import yaml", "import jinja2", "import rich", "import typer",
-                      "import fabric", "import paramiko", "from patchset.model", "from ..model"):
+                      "import fabric", "import paramiko", "from patchset.series.model", "from ..model"):
             assert heavy not in text, f"{name} imports {heavy}"
     assert len(bundle(wire.AuditRequest())) < 200_000
 
 
 def test_probes_against_the_stand_in(server) -> None:
-    from patchset.isolate import probe
+    from patchset.isolate.measure import probe
     url = f"http://127.0.0.1:{server['port']}"
     result = probe.needle(url, 3000, SECRET)
     assert result["ok"] and result["answer"] == result["token"], result

@@ -11,7 +11,7 @@ from audit_facts import synth
 from patchset.auditor import api
 from patchset.auditor import guards as audit_guards
 from patchset.auditor.states import evaluate_host
-from patchset import guards
+from patchset.analysis import guards
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 SPARSE_TEST = "python/sglang/srt/layers/attention/deepseek_v4_backend.py:1402"

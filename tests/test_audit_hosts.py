@@ -426,7 +426,7 @@ def test_a_stale_process_keeps_its_loaded_fix_and_suspect_after_traffic(audit_en
 
 def test_an_undeclared_guard_off_its_default_makes_the_patch_unknown_in_that_role_only(
         audit_env, capsys) -> None:
-    """Call-path guards no `requires` declares (patchset/guards.py), read live: the decode
+    """Call-path guards no `requires` declares (patchset/analysis/guards.py), read live: the decode
     server runs with SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 (deepseek_v4_backend.py:1402
     sends extend batches past mma-splitk-decode's entry): the patch is unknown there, the
     prefill server (same patch, no such setting) keeps its state, every other state is the

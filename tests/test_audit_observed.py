@@ -296,7 +296,7 @@ def test_an_unknown_state_whose_code_ran_is_active_observed(series, seed, pinned
     SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 where the pin's default is false) is asserted, not
     known; a call that returned settles it: active, observed, declared unknown."""
     from patchset.auditor import guards as audit_guards
-    from patchset import guards
+    from patchset.analysis import guards
     monkeypatch.setattr(audit_guards, "_DERIVED", {})
     audit_guards.use(series, guards.stored(series, pinned_base))
     declared = traced(seed, series, [], work=False)

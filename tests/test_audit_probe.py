@@ -27,8 +27,8 @@ from patchset.auditor.render import FORMATS, render
 from patchset.connect.inventory import Host, Inventory
 from patchset.connect.resolve import Hosts
 from patchset.connect.tunnel import DirectEndpoint, endpoint_for, role_target
-from patchset.isolate import probe
-from patchset.isolate.probe import AuditProbes
+from patchset.isolate.measure import probe
+from patchset.isolate.measure.probe import AuditProbes
 from patchset.cli import main
 from tests import test_probe
 from tests.hosts.nspawn import TestHost

@@ -19,8 +19,9 @@ from patchset.auditor import report as api_report
 from patchset.auditor.model import ProbeResult
 from patchset.auditor.policy import AuditDataError
 from patchset.auditor.rank import Access
-from patchset.isolate import drift, driftsearch, driftstats
-from patchset.isolate.bisect import BisectReport, BisectStep, measurement, save
+from patchset.isolate.measure import drift, driftstats
+from patchset.isolate.search import driftsearch
+from patchset.isolate.search.bisect import BisectReport, BisectStep, measurement, save
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 ACCESS = Access(ssh={"gpu1": ["ssh", "-p", "22", "root@10.0.0.5"]},
@@ -159,7 +160,7 @@ def test_a_host_with_an_inventory_port_is_probed_by_name_with_the_inventory(seri
         "patchset probe gpu1 --sizes 8k,16k,32k"
     # the standalone probes still take a URL
     greedy = ranked_with(series, seed, named, "decode-quality").next_steps[-1]
-    assert greedy.command == ("python3 -m patchset.isolate.probe greedy --url http://10.0.0.5:30000 "
+    assert greedy.command == ("python3 -m patchset.isolate.measure.probe greedy --url http://10.0.0.5:30000 "
                               "--max-tokens 2000")
 
 
@@ -204,7 +205,7 @@ def ranked_with(series, desc, access: Access, symptom: str = "context-loss"):
 
 TOKENS, PROMPTS, JITTER, K = 48, tuple(700 + 30 * i for i in range(16)), 1e-4, 3.0
 ENDPOINT = "http://10.0.0.5:30000"
-# the bisect's candidates, gated ones first (isolate/bisect.py orders them so)
+# the bisect's candidates, gated ones first (isolate/search/bisect.py orders them so)
 ORDER = ["mma-splitk-decode", "triton-dsa-indexer", "mhc-bf16", "default-thinking-reasoning",
          "indexer-bf16-gemm"]
 # the safe default-thinking-reasoning carries twice the moderate triton-dsa-indexer's shift
@@ -338,7 +339,7 @@ def test_a_drift_probe_that_fails_corroborates_decode_quality(series, seed) -> N
     probe = sym.next_steps[-1]
     assert probe.why.startswith(f"reproduced by this audit's probes: drift {ENDPOINT} on "
                                 f"gpu1: {rep.verdict.why}")
-    assert probe.command == f"python3 -m patchset.isolate.probe greedy --url {ENDPOINT} --max-tokens 2000"
+    assert probe.command == f"python3 -m patchset.isolate.measure.probe greedy --url {ENDPOINT} --max-tokens 2000"
 
 
 def test_the_recorded_judgement_is_the_audits_and_an_older_file_is_judged_by_its_threshold(

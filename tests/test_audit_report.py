@@ -20,7 +20,7 @@ from patchset.auditor import api, measured, report
 from patchset.auditor.model import ProbeResult
 from patchset.auditor.rank import Access
 from patchset.auditor.render import FORMATS, chart, render
-from patchset.isolate import drift, driftview
+from patchset.isolate.measure import drift, driftview
 from patchset.cli import main
 from test_audit_rank import ENDPOINT, K, ORDER, PROMPTS, bisect_file, state_run
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from patchset.agent.facts.checkpoint import SafetensorsHeader
+from patchset.agent.lib.facts.checkpoint import SafetensorsHeader
 from patchset.agent.gather import Gatherer
-from patchset.agent import wire
+from patchset.agent.lib import wire
 from patchset.agent.runner import Runner, read_header
-from patchset.agent.redact import Redactor
+from patchset.agent.lib.redact import Redactor
 
 
 class CountingFile(io.RawIOBase):

@@ -12,8 +12,8 @@ import pytest
 from audit_facts import synth
 
 from patchset.auditor.states import evaluate_host, holds
-from patchset.agent import wire
-from patchset.model import Requirement
+from patchset.agent.lib import wire
+from patchset.series.model import Requirement
 
 P, D = "sglang-prefill.service", "sglang-decode.service"
 
@@ -232,7 +232,7 @@ def test_an_auto_backend_is_read_where_the_resolved_args_check_reads_it(series, 
     runs: `requires` and the hazards get that value, from the same reading as the
     resolved-args check (auditor/running.py), and say where it came from."""
     from patchset.auditor.facttable import Context, resolve
-    from patchset.agent.facts.journal import ServerArgsLog
+    from patchset.agent.lib.facts.journal import ServerArgsLog
     from test_resolved_args import journal, line
     info = dict(server(seed, D)["server_info"], moe_runner_backend="auto")
     if where == "internal_states":

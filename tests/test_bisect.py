@@ -174,7 +174,7 @@ def test_fault_outside_the_series_is_reported_after_trying_every_candidate(benv,
 def test_ctrl_c_restores_the_starting_state(benv, capsys, monkeypatch) -> None:
     serve_with(benv, capsys, "mhc2", [MHC])
     before = snapshot(benv)
-    from patchset.isolate import bisect as bisector
+    from patchset.isolate.search import bisect as bisector
     real = bisector._converge
     calls = []
 
@@ -241,7 +241,7 @@ def test_killed_controller_leaves_a_record_and_the_next_apply_restores(benv, cap
 
 def test_a_bisect_started_elsewhere_is_refused_then_restored_with_restore(benv, capsys) -> None:
     from patchset import api
-    from patchset.manifest import load_series
+    from patchset.series.manifest import load_series
     from patchset.connect.resolve import Hosts
     serve_with(benv, capsys, "mhc4", [MHC])
     before = snapshot(benv)

@@ -11,8 +11,8 @@ import pytest
 from seriesfactory import CHAT, DSV4, append_line
 
 from hostutil import TREE, clean_tree, cli, on_host
-from patchset.manifest import load_series
-from patchset.upstream import materialize
+from patchset.series.manifest import load_series
+from patchset.pin.upstream import materialize
 
 AUTHOR = "Jane <jane@example.invalid>"
 
@@ -139,16 +139,16 @@ def test_capture_over_ssh(one_host, remote_env, series_dir: Path, capsys) -> Non
 
 @pytest.mark.parametrize("odd", [b"\r", b"\x0c", b"\x1c", b"\xe2\x80\xa8"])
 def test_a_captured_diff_cuts_lines_at_newlines_only(tmp_path: Path, odd: bytes) -> None:
-    """The plain-tree diff (engine._file_diff) with an odd character inside a line at the
+    """The plain-tree diff (gitblob.file_diff) with an odd character inside a line at the
     edge of a hunk's context: `git apply` takes it and gives the new bytes."""
-    from patchset.agent.engine import _file_diff
+    from patchset.agent.lib.gitblob import file_diff
     lines = [b"line %d\n" % i for i in range(20)]
     lines[5] = b"left" + odd + b"right\n"
     old = b"".join(lines)
     lines[8] = b"changed\n"
     new = b"".join(lines)
     (tmp_path / "f.py").write_bytes(old)
-    diff = _file_diff("f.py", old, new, "100644")
+    diff = file_diff("f.py", old, new, "100644")
     proc = subprocess.run(["git", "apply", "-p1", "-"], cwd=tmp_path, input=diff.encode(),
                           capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode() + diff

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patchset.agent.records import STATE_FORMAT
+from patchset.agent.lib.records import STATE_FORMAT
 from patchset.cli import main
 from seriesfactory import CHAT
 
@@ -100,7 +100,7 @@ def test_main_job_apply_status_revert_on_default_target(in_series: Path, patchse
 
 def test_apply_dry_run_changes_nothing(in_series: Path, tmp_path: Path, pinned_base,
                                        capsys) -> None:
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     tree = materialize(pinned_base, tmp_path / "t", layout="wheel")
     before = (tree / "sglang/srt/entrypoints/openai/serving_chat.py").read_bytes()
     code, _, err = run(capsys, "apply", "--dry-run", "--target", str(tree), "localhost")

@@ -210,7 +210,7 @@ def test_the_report_and_the_exporter_carry_cohort_and_hash(series, seed) -> None
 # ---------------------------------------------------------------- patches.yaml
 
 def test_patches_declare_wire_and_parity(tmp_path) -> None:
-    from patchset.manifest import load_series as load
+    from patchset.series.manifest import load_series as load
     from test_audit_hosts import write_series
     s = load(write_series(tmp_path / "ok", **{"mhc-bf16": {"wire": True, "parity": "any"}}))
     p = s.by_name()["mhc-bf16"]
@@ -222,7 +222,7 @@ def test_patches_declare_wire_and_parity(tmp_path) -> None:
 @pytest.mark.parametrize("change, field", [({"wire": "yes"}, ".wire:"),
                                            ({"parity": "loose"}, ".parity:")])
 def test_bad_wire_or_parity_is_a_one_line_error(tmp_path, change, field) -> None:
-    from patchset.manifest import load_series as load
+    from patchset.series.manifest import load_series as load
     from test_audit_hosts import write_series
     with pytest.raises(ManifestError) as err:
         load(write_series(tmp_path / "bad", **{"mhc-bf16": change}))

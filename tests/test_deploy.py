@@ -218,7 +218,7 @@ def test_the_tracer_runs_in_every_process_of_a_deployed_unit(one_host: TestHost,
     server unit, the scheduler children included, writes its record into the unit's
     root-only runtime directory, which systemd removes when the unit stops; a role with
     `trace: false` runs without it."""
-    from patchset.agent import tracer
+    from patchset.agent.lib import tracer
     deploy_env(roles={"prefill": {"trace": False}})
     prepare_tree(one_host, capsys, "--tier", "moderate")
     code, _, err = cli(capsys, "deploy", one_host.name)

@@ -1,5 +1,5 @@
-"""The one diff parser (patchset/agent/diffparse.py), standard library only, used by the
-patch-file reader (patchset/patchfile.py): on every real patch in patches/ and on the edge
+"""The one diff parser (patchset/agent/lib/diffparse.py), standard library only, used by the
+patch-file reader (patchset/series/patchfile.py): on every real patch in patches/ and on the edge
 cases of tests/diffparse/edges.diff (a new, a deleted, a no-newline file, several hunks)
 it reads the same files, hunks and line counts as unidiff 1.0.1 did before it was
 dropped. tests/diffparse/unidiff.json is what unidiff read (written by it, at the commit
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from patchset import patchfile
-from patchset.agent import diffparse
+from patchset.series import patchfile
+from patchset.agent.lib import diffparse
 from patchset.errors import ManifestError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,8 +101,7 @@ def test_the_patch_reader_uses_it_and_names_the_file_line() -> None:
 
 def test_the_agent_ships_it_and_nothing_imports_unidiff() -> None:
     from patchset import transport
-    assert "patchset_agent/diffparse.py" in transport.agent_files() or any(
-        n.endswith("/diffparse.py") for n in transport.agent_files())
+    assert "patchset_agent/lib/diffparse.py" in transport.agent_files()
     product = [p for top in ("patchset", "cli", "isolate", "deploy", "auditor", "connect")
                for p in (ROOT / top).rglob("*.py")]
     assert [p for p in product if "unidiff" in p.read_text("utf-8")] == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hostutil import cli
-from patchset.isolate import drift
+from patchset.isolate.measure import drift
 
 
 class Computing:

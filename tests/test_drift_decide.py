@@ -1,4 +1,4 @@
-"""The three-outcome drift decision (isolate/driftdecide.py) on synthetic data with a known
+"""The three-outcome drift decision (isolate/measure/driftdecide.py) on synthetic data with a known
 effect: sequence-level, heavy-tailed per-token estimates (lognormal, as the 61-layer GPU
 model's: a handful of tokens carry a sequence's mean).
 
@@ -15,8 +15,8 @@ import statistics
 
 import pytest
 
-from patchset.isolate import driftdecide as dd
-from patchset.isolate.driftdecide import Paired, decide
+from patchset.isolate.measure import driftdecide as dd
+from patchset.isolate.measure.driftdecide import Paired, decide
 
 
 def _sequence_mean(rng: random.Random, scale: float, tokens: int = 64,

@@ -29,7 +29,7 @@ RULES = "/etc/standin-numerics.json"
 NOISE = {"STANDIN_STARTUP_DELAY": "0.2", "STANDIN_NONDETERMINISM": "1e-6",
          "STANDIN_NUMERICS_RULES": RULES}
 # 1k conversations give 2 sequences a round; a budget of 24 lets the probe add rounds
-# until its outcome is decided (isolate/driftdecide.py: the sequence is the unit); the
+# until its outcome is decided (isolate/measure/driftdecide.py: the sequence is the unit); the
 # tolerance is below the stand-in's drifts (SGLang's 0.002 would bound them all)
 BUDGET = ("--budget", "24", "--tolerance", "1e-9")   # the stand-in's drifts: 1e-7..1e-4
 PROBE = ("--probe", "drift", "--sizes", "1k", "--output-tokens", "48", "--symptom",

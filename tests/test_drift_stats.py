@@ -11,9 +11,10 @@ import statistics
 
 import pytest
 
-from patchset.isolate import conversations, driftsearch
-from patchset.isolate.driftstats import (RESOLUTION, Verdict, compare, estimator, exceeds,
-                                noise_threshold, percentile, pooled)
+from patchset.isolate.measure import conversations
+from patchset.isolate.search import driftsearch
+from patchset.isolate.measure.driftstats import (RESOLUTION, Verdict, compare, estimator,
+                                                 exceeds, noise_threshold, percentile, pooled)
 
 
 def test_estimator_is_kl_test_utils():
@@ -207,7 +208,7 @@ def test_a_group_neither_told_from_the_noise_nor_bounded_is_undecided_never_clea
     tolerance; a noisy group (mean ~0, wide interval) below a tight tolerance stays
     undecided, the report says so and exits INCONCLUSIVE; with a tolerance above its
     upper bound the same measurements clear it."""
-    from patchset.isolate.bisect import BisectReport, _drift_verdict
+    from patchset.isolate.search.bisect import BisectReport, _drift_verdict
     from patchset.errors import Exit
     noise = driftsearch.Noise(0.0, 0.0)
 

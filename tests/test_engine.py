@@ -15,14 +15,15 @@ from patchset.connect.local import LocalTransport
 from patchset import api
 from patchset import transport as wire
 from patchset.transport import raise_for
-from patchset.agent.records import STATE_FORMAT, TreeState
-from patchset.agent import engine, staleness
+from patchset.agent.lib.records import STATE_FORMAT, TreeState
+from patchset.agent import engine
+from patchset.agent.lib import staleness
 from patchset.agent.engine import EngineError, Staging
-from patchset.agent.gitenv import git_env
+from patchset.agent.lib.gitenv import git_env
 from patchset.errors import LockedError
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize
 from seriesfactory import CHAT, DSV4, INDEXER
 
 TOUCHED = (CHAT, DSV4, INDEXER)

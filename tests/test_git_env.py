@@ -2,7 +2,7 @@
 apply, status and revert on a local git tree, an import, `rebase --check` and
 `init --git`, with GIT_DIR, GIT_WORK_TREE, GIT_INDEX_FILE and injected config aimed at a
 decoy repository, do what they are asked and leave the decoy byte for byte as it was. Every
-git child goes through patchset/agent/gitenv.py's run_git (or its environment, where git's
+git child goes through patchset/agent/lib/gitenv.py's run_git (or its environment, where git's
 output is streamed), in one of its named modes."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from hostile import snapshot
 
 from patchset.connect.local import LocalTransport
 from patchset import api
-from patchset.agent import gitenv
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize
+from patchset.agent.lib import gitenv
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize
 from test_interop import empty_series  # noqa: F401 - a fixture
 from test_rebase import new_base  # noqa: F401 - a fixture
 

@@ -1,4 +1,4 @@
-"""Call-path guards (patchset/guards.py, patchset/callpath.py): the walk on a small
+"""Call-path guards (patchset/analysis/guards.py, patchset/analysis/callpath.py): the walk on a small
 synthetic package (every kind of test and of read, and what must not count), then the
 shipped series on the real pinned 0.5.14 tree: the derived list, recall against the
 `requires` and gates, the uncovered listing of `check`, `show`, and the rebase comparison.
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from hostutil import cli
 
-from patchset import callpath, guards
-from patchset.guards import Guard, PatchGuards
-from patchset.manifest import load_series
+from patchset.analysis import callpath, guards
+from patchset.analysis.guards import Guard, PatchGuards
+from patchset.series.manifest import load_series
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = "python/sglang/"

@@ -1,5 +1,5 @@
 """Hostile server answers (issue 25, class 2): a chat completion or a /generate answer is
-validated whole (isolate/answers.py) before any of it is used. Wrong types, `true` for a
+validated whole (isolate/measure/answers.py) before any of it is used. Wrong types, `true` for a
 count, absurd but finite logprobs, malformed top-token lists: a failed probe naming the
 field (`patchset probe` exit 1; the drift probe a one-line exit 4), never an internal
 error (exit 70) and never a verdict computed on them.
@@ -21,7 +21,7 @@ import pytest
 
 from patchset.connect.tunnel import HttpResponse
 from hostutil import cli
-from patchset.isolate import drift, probe
+from patchset.isolate.measure import drift, probe
 from test_drift_answers import SPEC, Computing
 
 TOKEN = re.compile(r"RECALL-[0-9A-F]{8}")

@@ -1,5 +1,5 @@
 """Issue 25, class 9: an HTTP request has ONE deadline, across connect, send, headers and
-body (patchset/agent/httpdeadline.py), in every HTTP client patchset has: the tunnel's
+body (patchset/agent/lib/httpdeadline.py), in every HTTP client patchset has: the tunnel's
 direct and SSH-channel endpoints (connect/tunnel.py: probes, drift, bisect, the audit's
 probes) and the agent's reads on a host (runner.http: /server_info, /model_info; the
 deployer's /health wait). A server that drips a byte at a time never trips a per-operation
@@ -23,9 +23,10 @@ import pytest
 from test_cli_usage import cli
 
 from patchset.connect.tunnel import DirectEndpoint, SshEndpoint
-from patchset.agent import deployer, httpdeadline
-from patchset.agent.facts.base import Command
-from patchset.agent.redact import Redactor
+from patchset.agent import deployer
+from patchset.agent.lib import httpdeadline
+from patchset.agent.lib.facts.base import Command
+from patchset.agent.lib.redact import Redactor
 from patchset.agent.runner import Runner
 from patchset.errors import Exit, Unreachable, UsageError
 

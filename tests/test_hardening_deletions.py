@@ -27,9 +27,9 @@ from patchset.connect.local import LocalTransport
 from hostutil import TREE, clean_tree, cli, on_host
 from patchset import api
 from patchset.cli import main
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize
 from seriesfactory import PIN_YAML, git, header
 from tests.hosts.nspawn import TestHost
 

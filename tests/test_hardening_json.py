@@ -1,5 +1,5 @@
 """Hostile JSON (issue 25, class 1): every JSON the tool did not just write itself goes
-through one bounded loader (patchset/agent/bounded.py). Deep nesting, huge integers,
+through one bounded loader (patchset/agent/lib/bounded.py). Deep nesting, huge integers,
 NaN/Infinity/1e999, duplicate keys, lone surrogates and `true` where a number goes are
 refused in one line naming the source and the field, never a traceback (exit 70): in a
 saved drift run (exit 2), a bisect report given to `audit --measured` (exit 2), the
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hostutil import cli
-from patchset.isolate import drift
+from patchset.isolate.measure import drift
 from patchset import transport
 from patchset.agent import engine
 
@@ -94,7 +94,7 @@ def test_a_saved_run_value_out_of_range_is_named(tmp_path: Path, capsys, seq_fie
 @pytest.mark.parametrize("case", CASES[:8], ids=[c[0] for c in CASES[:8]])
 def test_a_hostile_bisect_report_is_bad_input(tmp_path: Path, case) -> None:
     from patchset.auditor.measured import MeasuredError, load
-    from patchset.manifest import load_series
+    from patchset.series.manifest import load_series
     _, text, fragment = case
     path = _write(tmp_path / "report.json", text)
     series = load_series(Path(__file__).resolve().parent.parent / "patches.yaml")
@@ -156,7 +156,7 @@ def test_a_damaged_bisect_record_on_the_host_is_a_target_error(record, fragment)
     import socket
     from types import SimpleNamespace
 
-    from patchset.isolate import bisect
+    from patchset.isolate.search import bisect
     from patchset.errors import TargetError
     if isinstance(record, dict):
         record = {"controller": socket.gethostname(), **record}
@@ -170,7 +170,7 @@ def test_a_damaged_bisect_record_on_the_host_is_a_target_error(record, fragment)
 def test_a_trace_record_whose_pid_is_true_is_no_process() -> None:
     """A tracer record read from a host names a process by its pid: `true` is no pid
     (it passed `isinstance(pid, int)`, and became process 1)."""
-    from patchset.agent.facts.trace import TraceRecords
+    from patchset.agent.lib.facts.trace import TraceRecords
     files = {"1.json": {"pid": True, "hits": {}}, "2.json": {"pid": 2, "hits": {}}}
     raw = {"command": "trace", "exit_code": 0, "stdout": json.dumps(files)}
     first, second = TraceRecords().process(raw)

@@ -27,9 +27,9 @@ from patchset import api
 from patchset import transport as wire
 from patchset.agent import engine
 from patchset.errors import TargetError
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize
 from seriesfactory import CHAT, DSV4, INDEXER
 
 WRAPPER = Path(__file__).resolve().with_name("gitkill.py")

@@ -1,5 +1,5 @@
 """Hostile output paths (issue 25, class 4): every file patchset writes goes through
-patchset/agent/safewrite.py. Only a regular file is replaced; a character device or FIFO
+patchset/agent/lib/safewrite.py. Only a regular file is replaced; a character device or FIFO
 given as an output is written into, never replaced; a directory, a link (to anything but
 a stream) or a socket is refused with exit 2; nothing is written through a link planted
 in a directory being written (an export, a target tree); a failed or killed write leaves
@@ -26,11 +26,11 @@ import pytest
 from patchset.connect.local import LocalTransport
 from hostutil import cli
 from patchset import api
-from patchset.agent import safewrite
+from patchset.agent.lib import safewrite
 from patchset.cli.app import write_output
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize
 from seriesfactory import CHAT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def test_a_failed_write_leaves_no_temporary_file(unnamed: bool, tmp_path: Path,
 KILLED = """
 import os, signal, sys
 sys.path[:0] = [{root!r}]
-from patchset.agent import safewrite
+from patchset.agent.lib import safewrite
 real = os.write
 def write_then_die(fd, data):
     real(fd, bytes(data[:3]))

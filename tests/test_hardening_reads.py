@@ -1,5 +1,5 @@
 """Hostile files (issue 25, class 3): every file a user or a host supplies is read through
-one bounded, non-blocking, regular-file-only reader (patchset/agent/bounded.py; on the
+one bounded, non-blocking, regular-file-only reader (patchset/agent/lib/bounded.py; on the
 controller patchset/inputfile.py): a saved drift run, the target's state records (read by
 the engine, on hosts too), the request the agent is shipped, known_hosts, the host's
 fact reads (env files, /proc, a checkpoint's files and headers, the tracer's records).
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from patchset.agent.facts.base import Command
-from patchset.agent.redact import Redactor
+from patchset.agent.lib.facts.base import Command
+from patchset.agent.lib.redact import Redactor
 from patchset.agent.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,8 +188,8 @@ def test_the_agents_request_that_is_not_a_file_is_a_usage_error(tmp_path: Path,
 
 RUNNER_READ = """
 import json, sys
-from patchset.agent.facts.base import Command
-from patchset.agent.redact import Redactor
+from patchset.agent.lib.facts.base import Command
+from patchset.agent.lib.redact import Redactor
 from patchset.agent.runner import Runner
 runner = Runner(Redactor())
 kind, target = sys.argv[1], sys.argv[2]

@@ -31,15 +31,15 @@ import yaml
 from audit_facts import synth
 
 from patchset.auditor import api, hostfacts
-from patchset.agent.facts import procs
+from patchset.agent.lib.facts import procs
 from patchset.agent import gather
 from patchset.agent import runner as runner_mod
-from patchset.agent.redact import MARK, Redactor, redact_text, spellings
+from patchset.agent.lib.redact import MARK, Redactor, redact_text, spellings
 from patchset.deploy import deploy as dep
 from patchset.connect.resolve import Hosts
 from patchset import transport as wire
 from patchset.agent import main as agent_main
-from patchset.agent import wire as agentwire
+from patchset.agent.lib import wire as agentwire
 from faketransport import FakeTransport
 from patchset.connect import settings
 from patchset.deploy import units
@@ -571,7 +571,7 @@ def test_runner_redacts_the_journal_and_rolls_the_config_back(runner_host, monke
         raise deployer.engine.EngineError(f"refused with {API_KEY}", "usage", API_KEY)
 
     monkeypatch.setattr(deployer, "op_deploy", refuse)
-    refused = agentwire.encode_result(deployer.execute(h.request))
+    refused = agentwire.encode_result(deployer.serve(h.request))
     assert_clean(json.dumps(refused), (API_KEY,)) and MARK in refused["error"]["message"]
 
 
@@ -579,7 +579,7 @@ def test_runner_redacts_the_journal_and_rolls_the_config_back(runner_host, monke
 def test_the_bundle_ships_the_redactor() -> None:
     import tarfile
     with tarfile.open(fileobj=io.BytesIO(wire.bundle(agentwire.FactsRequest()))) as tar:
-        assert {f"{wire.AGENT_NAME}/{n}" for n in ("engine.py", "deployer.py", "redact.py")} \
+        assert {f"{wire.AGENT_NAME}/{n}" for n in ("engine.py", "deployer.py", "lib/redact.py")} \
             | {"request.json"} <= set(tar.getnames())
         assert all(m.mode == 0o600 for m in tar.getmembers())
 

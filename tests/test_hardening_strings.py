@@ -323,8 +323,8 @@ def test_a_non_ascii_digit_from_a_host_is_not_a_number(text: str) -> None:
 
     from patchset.auditor.facttable import _visible
     from patchset.connect.tunnel import EndpointError, _bounded
-    from patchset.agent.facts.systemd import main_started
-    from patchset.agent.staleness import epoch
+    from patchset.agent.lib.facts.systemd import main_started
+    from patchset.agent.lib.staleness import epoch
 
     class Reply(io.BytesIO):
         def getheader(self, name: str) -> str:

@@ -31,11 +31,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchset import pinrules, upstream
-from patchset.agent import engine, wire
+from patchset.pin import pinrules, upstream
+from patchset.agent import engine
+from patchset.agent.lib import wire
 from patchset.cli import main
 from patchset.errors import UpstreamError, UsageError
-from patchset.model import GitPin
+from patchset.pin.model import GitPin
 from patchset.progress import NullProgress
 from seriesfactory import CHAT, INDEXER
 
@@ -233,7 +234,7 @@ def test_hostile_pin_value_is_refused_at_load_by_every_command(env, capsys, sect
 
 def test_valid_pin_forms_load(env, capsys) -> None:
     """The documented forms are accepted (the refusals above are not blanket ones)."""
-    from patchset.manifest import load_series
+    from patchset.series.manifest import load_series
     manifest = env["manifest"]
     for url in ("https://github.com/sgl-project/sglang.git", "http://mirror.local:8080/s.git",
                 "ssh://git@github.com/sgl-project/sglang.git", "ssh://host:2222/srv/s.git",
@@ -365,7 +366,7 @@ def test_engine_on_a_host_refuses_a_hostile_clone(tmp_path: Path, url, ref) -> N
     dest = tmp_path / "tree"
     request = wire.ApplyRequest(provision=True, target=str(dest), base={"git": {
         "url": planted(url, mark), "ref": planted(ref, mark)}})
-    result = engine.run(request, tmp_path)
+    result = engine.serve(request, tmp_path)
     assert isinstance(result, wire.Failure) and result.kind == "usage"
     assert "\n" not in result.message
     assert not mark.exists() and not dest.exists()
@@ -550,7 +551,7 @@ def test_the_default_tree_is_used_only_for_the_pin_it_was_provisioned_from(
 
 
 def test_a_damaged_cached_bundle_is_rebuilt_not_shipped(pinned_base, tmp_path: Path) -> None:
-    from patchset.basebundle import base_bundle
+    from patchset.pin.basebundle import base_bundle
     cache = tmp_path / "cache"
     planted_file = cache / "bundles" / f"{pinned_base.commit}.bundle"
     planted_file.parent.mkdir(parents=True)
@@ -573,7 +574,7 @@ def break_context(series: Path, name: str = "idx-c") -> None:
 
 @pytest.fixture(params=["git", "wheel"])
 def tree(request, pinned_base, tmp_path: Path) -> Path:
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     return materialize(pinned_base, tmp_path / f"tree-{request.param}", layout=request.param)
 
 
@@ -625,7 +626,7 @@ def test_a_patch_that_does_not_apply_is_one_refusal_from_plan_dry_run_and_apply(
 
 def test_a_git_tree_keeps_its_exclude_file_when_the_first_apply_fails(env, pinned_base,
                                                                       tmp_path, capsys) -> None:
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     tree = materialize(pinned_base, tmp_path / "g", layout="git")
     exclude = tree / ".git" / "info" / "exclude"
     before = exclude.read_bytes() if exclude.exists() else None
@@ -674,7 +675,7 @@ def test_a_pre_image_mismatch_shows_full_ids(env, tree: Path, capsys) -> None:
 
 
 def test_not_the_pinned_base_shows_full_ids(env, pinned_base, tmp_path: Path, capsys) -> None:
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     tree = materialize(pinned_base, tmp_path / "plain", layout="wheel")  # git: "uncommitted"
     disk = tree / INDEXER[len("python/"):]
     disk.write_text(disk.read_text() + "# local fork\n")

@@ -162,7 +162,7 @@ def test_a_selection_check_skips_is_one_plan_refuses(conflicting: Path, capsys) 
     """What `check` leaves out (a conflict, a missing dependency) `plan` refuses or widens:
     the two ask the same question (selection.plan)."""
     from patchset.api import closed_selections
-    from patchset.manifest import load_series
+    from patchset.series.manifest import load_series
     series = load_series(conflicting / "patches.yaml")
     allowed = {tuple(p.name for p in s) for s in closed_selections(series, exhaustive=True)}
     code, _, err = run(capsys, "plan", "--only", "idx-c,chat-a")

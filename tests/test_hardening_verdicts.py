@@ -18,8 +18,8 @@ import pytest
 from hostutil import cli, json_server
 
 from patchset.auditor.render import view
-from patchset.isolate import probe as probe_mod
-from patchset.isolate.bisect import BisectProbe
+from patchset.isolate.measure import probe as probe_mod
+from patchset.isolate.search.bisect import BisectProbe
 
 
 class Server:
@@ -121,7 +121,7 @@ def test_the_audit_view_of_an_unjudged_probe_is_unknown() -> None:
     assert view.probe_status({"ok": False, "unreachable": False}) == "fail"
 
 
-# ---------------------------------------------------------------- python3 -m patchset.isolate.probe
+# ---------------------------------------------------------------- python3 -m patchset.isolate.measure.probe
 
 @pytest.mark.parametrize(("which", "reply"), [
     ("greedy", answer("")),

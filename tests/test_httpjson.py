@@ -1,4 +1,4 @@
-"""The one JSON-over-HTTP client of isolate/ (isolate/httpjson.py): probe and drift send
+"""The one JSON-over-HTTP client of isolate/ (isolate/measure/httpjson.py): probe and drift send
 through it, with one redaction policy, and no answer is the one Unreachable (exit 3)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from patchset.errors import Exit, Unreachable
-from patchset.isolate import httpjson, probe
-from patchset.isolate.drift import DriftError
+from patchset.isolate.measure import httpjson, probe
+from patchset.isolate.measure.drift import DriftError
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-" + "k" * 24

@@ -15,7 +15,7 @@ import pytest
 
 from patchset.cli import main
 from patchset.errors import Exit
-from patchset.manifest import load_series
+from patchset.series.manifest import load_series
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,8 +225,8 @@ def test_offline_a_cached_wheel_is_taken_only_for_its_exact_platform_tag(
 
 
 def test_wheel_tags_are_compared_whole() -> None:
-    from patchset.model import PypiPin
-    from patchset.upstream import _wheel_fits
+    from patchset.pin.model import PypiPin
+    from patchset.pin.upstream import _wheel_fits
     want = PypiPin("sglang==0.5.14", "", "", "3.11", "manylinux_2_34_x86_64")
     fits = ["sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
             "sglang-0.5.14-1-cp311-cp311-manylinux_2_34_x86_64.whl",

@@ -13,7 +13,7 @@ import pytest
 from seriesfactory import CHAT, DSV4, append_line, git
 
 from patchset.cli import main
-from patchset.manifest import load_series
+from patchset.series.manifest import load_series
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_round_trip_real_series_through_quilt(tmp_path: Path, empty_series: Path
     assert (quilt_dir / "series").read_text().split() == names
 
     # quilt itself applies it on a plain tree of the pin, every post-image exact.
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     tree = materialize(pinned_base, tmp_path / "plain", layout="git")
     shutil.rmtree(tree / ".git")
     env = {**os.environ, "QUILT_PATCHES": str(quilt_dir), "LC_ALL": "C"}
@@ -152,7 +152,7 @@ def test_bad_import_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, series
 
 def test_git_range_per_commit_and_split(tmp_path: Path, pinned_base, empty_series: Path,
                                         capsys) -> None:
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     repo = materialize(pinned_base, tmp_path / "repo", layout="git")
     base = git(repo, "rev-parse", "HEAD").strip()
     for path, line in ((CHAT, "# first"), (DSV4, "# first")):
@@ -189,7 +189,7 @@ def test_git_format_patch_files_as_a_quilt_series(tmp_path: Path, pinned_base,
                                                   empty_series: Path, capsys) -> None:
     """Mail-style patches (short index, diffstat, signature) come in re-diffed, with the
     Subject as Description and From as Author."""
-    from patchset.upstream import materialize
+    from patchset.pin.upstream import materialize
     repo = materialize(pinned_base, tmp_path / "repo", layout="git")
     (repo / CHAT).write_text(append_line("import ", "# mailed")((repo / CHAT).read_text()))
     git(repo, "commit", "-qam", "Mailed fix\n\nBody line.", "--author",

@@ -12,8 +12,8 @@ import conftest
 
 
 def test_home_cache_and_state_point_into_the_session_directory() -> None:
-    from patchset.paths import data_home
-    from patchset.upstream import cache_root
+    from patchset.pin.paths import data_home
+    from patchset.pin.upstream import cache_root
     session = str(conftest.SESSION_HOME)
     assert os.environ["HOME"] == session and Path.home() == conftest.SESSION_HOME
     assert str(data_home()).startswith(session)

@@ -1,17 +1,15 @@
-"""Dependencies point one way (DESIGN.md), and the folders show it: each layer is a folder
-at the top of the repository, installed as a subpackage of the one package `patchset`
-(pyproject's package-dir; patchset/__init__.py resolves the same names in a checkout).
-Every import of every product module is read with ast (function-level imports included)
-and checked against the layering, top first:
+"""The rooms of the product and which may import which (ARCHITECTURE.md). Every import of
+every product module is read with ast (function-level imports included) and checked
+against the table ROOMS below: a module belongs to the room of its longest listed prefix,
+and may import its own room and the rooms its row names, nothing else.
 
-    cli/       patchset.cli        the commands; nothing imports it
-    isolate/   patchset.isolate    probe, drift, bisect: uses every layer below
-    deploy/    patchset.deploy     the unit deployer: uses connect/ and patchset/
-    auditor/   patchset.auditor    facts, states, checks, rank, report (read-only):
-                                   uses patchset/ only
-    connect/   patchset.connect    the fleet (inventory) and the ways to reach a host
-                                   (local, SSH, HTTP through SSH): uses patchset/ only
-    patchset/  patchset            the queue and the agent: imports no layer above
+The layers above the queue keep the product card's folders at the top of the repository
+(cli/, isolate/, deploy/, auditor/, connect/) and are linked into the one package
+(patchset/cli -> ../cli, ...); patchset/ itself holds the core modules, the queue (api,
+transport) and four rooms (series, pin, analysis, authoring) over the agent. The agent is
+two rooms: the host program (patchset/agent/*.py) and its library (patchset/agent/lib/),
+the only part of the agent the controller imports, apart from the program's one entry
+point (patchset.agent.main), which runs it in process for a local tree.
 
 The audit reads what the queue and deploy wrote and never sends a probe (the CLI passes
 isolate's probes in as `patchset.auditor.api.HostProbes`); deploy never runs the audit.
@@ -24,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import sysconfig
 import tomllib
 from pathlib import Path
@@ -32,21 +31,42 @@ from typing import Iterable
 import patchset
 
 ROOT = Path(__file__).resolve().parent.parent
-# Module prefix -> its folder; the bottom layer is the package itself (patchset/).
-FOLDERS = {"patchset": "patchset", **{f"patchset.{layer}": layer for layer in patchset.LAYERS}}
-PACKAGES = tuple(FOLDERS)
 CLI = "patchset.cli"
-
-# What each layer must not import (a module name, or a package and everything under it).
-FORBIDDEN = {
-    "patchset": tuple(f"patchset.{layer}" for layer in patchset.LAYERS),
-    "patchset.connect": ("patchset.cli", "patchset.isolate", "patchset.deploy",
-                         "patchset.auditor"),
-    "patchset.auditor": ("patchset.cli", "patchset.isolate", "patchset.deploy",
-                         "patchset.connect"),
-    "patchset.deploy": ("patchset.cli", "patchset.isolate", "patchset.auditor"),
-    "patchset.isolate": ("patchset.cli",),
-    "patchset.cli": (),
+LIB = "patchset.agent.lib"
+ENTRY = "patchset.agent.main"
+# patchset/'s own modules that are no room of their own: the core (errors, progress, the
+# input readers and value rules every room uses) and the queue (apply/revert/status over
+# a transport).
+CORE = ("patchset", "patchset.errors", "patchset.progress", "patchset.validate",
+        "patchset.escaping", "patchset.inputfile", "patchset.yamlsrc")
+QUEUE = ("patchset.api", "patchset.transport")
+_BASE = ("core", LIB)
+# room -> the rooms it may import (besides itself), bottom first.
+ROOMS: dict[str, tuple[str, ...]] = {
+    LIB: (),                                        # stdlib only: it ships to hosts
+    "patchset.agent": (LIB, ENTRY),                 # the host program
+    "core": (LIB,),
+    "patchset.pin": _BASE,
+    "patchset.series": (*_BASE, "patchset.pin"),
+    "queue": (*_BASE, "patchset.pin", "patchset.series", ENTRY),
+    "patchset.analysis": (*_BASE, "patchset.pin", "patchset.series"),
+    "patchset.authoring": (*_BASE, "patchset.pin", "patchset.series", "queue",
+                           "patchset.analysis"),
+    "patchset.connect": (*_BASE, "patchset.pin", "patchset.series", "queue", ENTRY),
+    "patchset.auditor": (*_BASE, "patchset.pin", "patchset.series", "queue",
+                         "patchset.analysis"),
+    "patchset.deploy": (*_BASE, "patchset.pin", "patchset.series", "queue",
+                        "patchset.connect"),
+    "patchset.isolate.measure": (*_BASE, "patchset.pin", "patchset.series", "queue",
+                                 "patchset.connect", "patchset.auditor", "patchset.deploy"),
+    "patchset.isolate.search": (*_BASE, "patchset.pin", "patchset.series", "queue",
+                                "patchset.connect", "patchset.auditor", "patchset.deploy",
+                                "patchset.isolate.measure"),
+    "patchset.isolate.rollout": (*_BASE, "patchset.pin", "patchset.series", "queue",
+                                 "patchset.connect", "patchset.auditor", "patchset.deploy",
+                                 "patchset.isolate.measure", "patchset.isolate.search"),
+    "patchset.isolate": (),                         # the package itself: a docstring
+    CLI: ("*",),                                    # the commands use every room
 }
 # (importing module, imported module) pairs allowed across a rule, each with its reason.
 # Empty: no exception is needed today; add one only with the why next to it.
@@ -56,17 +76,33 @@ HARNESS = ("tests.hosts", "tests.standin")
 # cli modules that are not commands: the package registers the commands (it imports each
 # one so typer knows it), __main__ runs it, app is the shared plumbing.
 CLI_NOT_COMMANDS = {f"{CLI}", f"{CLI}.__main__", f"{CLI}.app"}
+# The folders a product module lives in: patchset/ and the layers linked into it.
+FOLDERS = {"patchset": "patchset", **{f"patchset.{layer}": layer for layer in patchset.LAYERS}}
+
+
+def room(module: str) -> str:
+    """The room `module` belongs to (ROOMS' keys, "core" and "queue" for patchset/'s own
+    modules); the agent's entry point is its own name, so a rule can allow it alone."""
+    if module in CORE:
+        return "core"
+    if module in QUEUE:
+        return "queue"
+    if module == ENTRY:
+        return ENTRY
+    fits = [r for r in ROOMS if module == r or module.startswith(r + ".")]
+    return max(fits, key=len) if fits else module
 
 
 def modules() -> dict[str, Path]:
-    """Every product module by its installed name, found by walking the layer folders."""
+    """Every product module by its installed name: patchset/ walked without following its
+    links, then each linked layer folder."""
     out = {}
     for prefix, folder in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[".".join([prefix, *parts])] = path
+            out[".".join([*prefix.split("."), *parts])] = path
     return out
 
 
@@ -157,17 +193,23 @@ def within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def layer(name: str) -> str:
-    """The layer a module belongs to: its folder's package name."""
-    parts = name.split(".")
-    return ".".join(parts[:2]) if ".".join(parts[:2]) in FOLDERS else parts[0]
+def allowed(importer: str, imported: str) -> bool:
+    """May `importer` import `imported`? Its own room, the rooms of its row, and always a
+    package that encloses it (Python imports those first anyway)."""
+    mine, theirs = room(importer), room(imported)
+    if mine == theirs or within(importer, imported) or imported == "patchset":
+        return True
+    if mine == ENTRY:
+        return theirs in ("patchset.agent", LIB)
+    rule = ROOMS.get(mine, ())
+    return "*" in rule or theirs in rule
 
 
 def violations() -> list[str]:
     found = []
     for name, path in MODULES.items():
         for imported in sorted(imports(name, path)):
-            if (name, imported) in ALLOWED:
+            if (name, imported) in ALLOWED or not within(imported, "patchset"):
                 continue
             if within(name, CLI):
                 if (name not in CLI_NOT_COMMANDS and within(imported, CLI)
@@ -175,19 +217,19 @@ def violations() -> list[str]:
                     found.append(f"{name} imports the command module {imported} (share "
                                  "helpers through cli/app.py or a library)")
                 continue
-            for other in FORBIDDEN[layer(name)]:
-                if within(imported, other):
-                    found.append(f"{name} imports {imported}: {FOLDERS[layer(name)]}/ "
-                                 f"must not import {FOLDERS[other]}/")
+            if not allowed(name, imported):
+                found.append(f"{name} imports {imported}: room {room(name)} must not "
+                             f"import room {room(imported)}")
     return found
 
 
-def test_the_scan_sees_every_layer() -> None:
-    for package in PACKAGES:
-        assert any(layer(name) == package for name in MODULES), package
+def test_the_scan_sees_every_room() -> None:
+    for name in ROOMS:
+        assert name == "core" or any(room(m) == name for m in MODULES), name
+    assert {room(m) for m in MODULES} <= set(ROOMS) | {ENTRY, "queue"}
     assert imports("patchset.cli.queue", MODULES["patchset.cli.queue"]) >= {
         "patchset.cli.app", "patchset.api"}                   # relative, lazy ones too
-    assert "patchset.isolate.probe" in imports("patchset.cli.audit", MODULES["patchset.cli.audit"])
+    assert "patchset.isolate.measure.probe" in imports("patchset.cli.audit", MODULES["patchset.cli.audit"])
 
 
 def test_dependencies_point_one_way() -> None:
@@ -270,28 +312,47 @@ def test_bench_imports_no_test_module() -> None:
     assert found == []
 
 
-def _packages_in(folder: str, prefix: str) -> set[str]:
-    return {".".join([prefix, *p.parent.relative_to(ROOT / folder).parts])
-            for p in (ROOT / folder).rglob("__init__.py")}
+def _packages() -> set[str]:
+    """Every package of the product, walked from patchset/ through its links."""
+    out = set()
+    for folder, dirs, files in os.walk(ROOT / "patchset", followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if "__init__.py" in files:
+            out.add(".".join(Path(folder).relative_to(ROOT).parts))
+    return out
 
 
-def test_the_folders_are_the_layers() -> None:
-    """What `ls` shows is the layering: every top-level folder holding a Python package is
-    a layer (or the tests, benchmarks and dev tools), and pyproject installs each one, and
-    every package in it, under `patchset`."""
-    found = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
-    assert found - {"tests", "bench", "dev"} == set(FOLDERS.values())
+def test_the_folders_are_the_rooms() -> None:
+    """What `ls` shows is the house: the top-level folders holding a package are patchset/
+    and the layers (or the tests, benchmarks and dev tools); each layer is linked into
+    patchset/ by a relative link, nothing else is linked there, and pyproject installs
+    every package as it is found (no package-dir mapping, no search-path change)."""
+    found = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and not p.is_symlink()}
+    assert found - {"tests", "bench", "dev"} == {"patchset", *patchset.LAYERS}
+    links = {p.name: os.readlink(p) for p in (ROOT / "patchset").iterdir() if p.is_symlink()}
+    assert links == {layer: f"../{layer}" for layer in patchset.LAYERS}
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]
-    assert setuptools["package-dir"] == FOLDERS
-    wanted = set().union(*(_packages_in(folder, prefix) for prefix, folder in FOLDERS.items()))
-    data_only = set(setuptools["packages"]) - wanted      # folders of data, no code
-    assert wanted <= set(setuptools["packages"])
+    assert "package-dir" not in setuptools
+    data_only = set(setuptools["packages"]) - _packages()      # folders of data, no code
+    assert _packages() <= set(setuptools["packages"])
     assert data_only == set(setuptools["package-data"])
     for package in data_only:
-        prefix, _, rest = package.partition(".")
-        layer, _, sub = rest.partition(".")
-        folder = ROOT / FOLDERS[f"{prefix}.{layer}"] / sub.replace(".", "/")
+        folder = ROOT / package.replace(".", "/")
         assert folder.is_dir() and not list(folder.rglob("*.py")), package
+    assert list(patchset.__path__) == [str(ROOT / "patchset")]
+    assert "__path__" not in (ROOT / "patchset" / "__init__.py").read_text("utf-8")
+
+
+def test_no_room_is_a_third_of_the_product() -> None:
+    """patchset/'s rooms (and each layer) stay a size a reader can hold: none holds a
+    third of the product's lines."""
+    lines: dict[str, int] = {}
+    for name, path in MODULES.items():
+        parts = name.split(".") + [""]
+        key = ".".join(parts[:3]) if parts[1] == "agent" else ".".join(parts[:2])
+        lines[key] = lines.get(key, 0) + len(path.read_text("utf-8").splitlines())
+    total = sum(lines.values())
+    assert total > 20_000 and max(lines.values()) < total / 3, sorted(lines.items())
 
 
 def test_the_installed_wheel_claims_no_name_but_patchset() -> None:

@@ -11,7 +11,7 @@ import yaml
 
 from patchset.cli import main
 from patchset.errors import ManifestError
-from patchset.manifest import load_series
+from patchset.series.manifest import load_series
 
 
 def mutate_yaml(series_dir: Path, change: Callable[[dict], None]) -> Path:

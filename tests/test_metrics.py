@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from patchset.auditor import api, exporter, metrics, report
 from patchset.auditor.model import HostFacts, ProbeResult
 from hostutil import cli
-from patchset.isolate import drift
+from patchset.isolate.measure import drift
 from patchset.errors import UsageError
 from test_standin import http
 from test_audit_hosts import D, P, SEED_STATES

@@ -171,10 +171,10 @@ def test_unreachable_endpoint_exits_3(capsys) -> None:
 
 
 def test_the_next_step_scripts_send_to_a_direct_url(servers, capsys) -> None:
-    """`python3 -m patchset.isolate.probe needle|greedy|throughput --url` (the symptoms' next steps):
+    """`python3 -m patchset.isolate.measure.probe needle|greedy|throughput --url` (the symptoms' next steps):
     a DirectEndpoint; an HTTP error status is a failed probe (1), no answer 3, a bad URL 2;
     the key never shown."""
-    from patchset.isolate.probe import main as script
+    from patchset.isolate.measure.probe import main as script
 
     def run(*argv: str) -> tuple[int, dict]:
         code = script(list(argv))

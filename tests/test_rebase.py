@@ -25,9 +25,9 @@ from hostutil import cli
 from seriesfactory import CHAT, DSV4, PatchDef, append_line, build_series
 
 from patchset.errors import ManifestError
-from patchset.manifest import load_series
-from patchset.rebase import _edit_manifest, rebase
-from patchset.upstream import pin_for_version, provision
+from patchset.series.manifest import load_series
+from patchset.authoring.rebase import _edit_manifest, rebase
+from patchset.pin.upstream import pin_for_version, provision
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW = "0.5.15"

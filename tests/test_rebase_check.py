@@ -14,7 +14,7 @@ import pytest
 from hostutil import cli
 from test_rebase import CUTLASS, MODELOPT, ROOT, new_base, real_copy, snapshot  # noqa: F401
 
-from patchset.manifest import load_series
+from patchset.series.manifest import load_series
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "up", "GIT_AUTHOR_EMAIL": "up@x", "GIT_COMMITTER_NAME": "up",
            "GIT_COMMITTER_EMAIL": "up@x", "PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1",

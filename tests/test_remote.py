@@ -15,7 +15,7 @@ from seriesfactory import CHAT, DSV4
 from tests.hosts.nspawn import TestHost, run_ssh
 from hostutil import TREE, clean_tree, cli, on_host
 
-from patchset.agent.records import STATE_FORMAT
+from patchset.agent.lib.records import STATE_FORMAT
 
 
 

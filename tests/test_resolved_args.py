@@ -21,13 +21,13 @@ import xml.etree.ElementTree as ET
 from audit_facts import synth
 
 from patchset.auditor import api, hostfacts, policy, report
-from patchset.agent import wire
+from patchset.agent.lib import wire
 from patchset.auditor.render import render
 from patchset.auditor.resolved import ANY
 from hostutil import cli
-from patchset.agent.facts import FactValue, get
-from patchset.agent.facts.journal import ServerArgsLog, parse_server_args
-from patchset.agent.redact import Redactor
+from patchset.agent.lib.facts import FactValue, get
+from patchset.agent.lib.facts.journal import ServerArgsLog, parse_server_args
+from patchset.agent.lib.redact import Redactor
 from patchset.agent.runner import Runner
 from hostutil import free_port
 from test_audit_hosts import D, P, audit, deploy, finding, prepare_host

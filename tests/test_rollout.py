@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from patchset.errors import Exit, LockedError, TargetError, UsageError
-from patchset.isolate import rollout as ro
-from patchset.isolate import rolloutlog
-from patchset.isolate.hoststate import DrivenHost, HostState
+from patchset.isolate.rollout import rollout as ro
+from patchset.isolate.rollout import rolloutlog
+from patchset.isolate.search.hoststate import DrivenHost, HostState
 
 PATCHES = [SimpleNamespace(name=n, depends=d, conflicts=[], gate=g) for n, d, g in (
     ("a", [], None), ("b", ["a"], None), ("c", [], "C_GATE"), ("d", [], None))]
@@ -148,7 +148,7 @@ def test_the_drift_gate_is_three_valued(outcome, upper, verdict) -> None:
     (100.0, 60.0, "pass"), (100.0, 40.0, "fail"), (None, 60.0, "unknown"),
     (100.0, None, "unknown")])
 def test_the_throughput_gate_against_the_load_before(before, after, verdict) -> None:
-    from patchset.isolate.rolloutgates import FleetGates
+    from patchset.isolate.rollout.rolloutgates import FleetGates
     gates = FleetGates(SERIES, None, {}, max_drop=0.5)
     gates._throughput = lambda host: (after, "" if after else "no answer")
     result = gates._load("h1", ro.Before((), before, ""))
@@ -421,7 +421,7 @@ UNIT = "sglang-decode.service"
     ([], "unknown"),
 ])
 def test_the_health_gate_passes_only_what_was_measured_healthy(findings, verdict) -> None:
-    from patchset.isolate.rolloutgates import FleetGates
+    from patchset.isolate.rollout.rolloutgates import FleetGates
     report = SimpleNamespace(findings=findings, hosts=[])
     assert FleetGates(SERIES, None, {})._health("h1", report, [UNIT]).verdict == verdict
 
@@ -444,14 +444,14 @@ ALL_AS_INTENDED = [("a", "active"), ("b", "not-applied"), ("c", "active"),
     (states([]), "unknown"),
 ])
 def test_the_audit_gate_passes_only_every_state_observed(report, verdict) -> None:
-    from patchset.isolate.rolloutgates import FleetGates
+    from patchset.isolate.rollout.rolloutgates import FleetGates
     result = FleetGates(SERIES, None, {})._states("h1", report, HostState("h1", ("a", "c")),
                                                   [UNIT], ro.Before())
     assert result.verdict == verdict, result.why
 
 
 def test_an_unset_api_key_variable_is_bad_input_not_unknown(monkeypatch) -> None:
-    from patchset.isolate.rolloutgates import FleetGates
+    from patchset.isolate.rollout.rolloutgates import FleetGates
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     gates = FleetGates(SERIES, SimpleNamespace(endpoint=lambda h: None), {},
                        api_key_env="NO_SUCH_KEY_VAR")
@@ -584,7 +584,7 @@ def test_a_second_driver_of_one_rollout_is_refused(world, tmp_path) -> None:
 # ---------------------------------------------------------------- the command's inputs
 
 def drift_run(path: Path, endpoint: str = "e") -> Path:
-    from patchset.isolate import drift
+    from patchset.isolate.measure import drift
     path.write_text(json.dumps({"format": drift.RUN_FORMAT, "endpoint": endpoint,
                                 "started": 0, "spec": {}, "sequences": []}))
     return path
@@ -593,7 +593,7 @@ def drift_run(path: Path, endpoint: str = "e") -> Path:
 def test_the_baseline_is_logged_absolute_and_pinned(tmp_path, monkeypatch) -> None:
     import hashlib
     from patchset.cli import rollout as cli_rollout
-    from patchset.isolate.rolloutgates import load_baseline
+    from patchset.isolate.rollout.rolloutgates import load_baseline
     base = drift_run(tmp_path / "base.json")
     monkeypatch.chdir(tmp_path)
     settings = cli_rollout._settings(ro, Path("base.json"), 0.5, 4, None, None, 256, 3,
@@ -607,7 +607,7 @@ def test_the_baseline_is_logged_absolute_and_pinned(tmp_path, monkeypatch) -> No
 
 def test_resume_refuses_a_baseline_changed_since_the_start(world, tmp_path, monkeypatch,
                                                            capsys) -> None:
-    from patchset.isolate.rolloutgates import load_baseline
+    from patchset.isolate.rollout.rolloutgates import load_baseline
     base = drift_run(tmp_path / "base.json")
     settings = ro.Settings(str(base), load_baseline(base)[1])
     steps = ro.make_plan(["gpu1", "gpu2"], None, 1, lambda _: ["decode"])

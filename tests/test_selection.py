@@ -10,8 +10,8 @@ import yaml
 from patchset.api import closed_selections
 from patchset.cli import main
 from patchset.errors import SelectionError
-from patchset.manifest import load_series
-from patchset.selection import Selection, parse_names, plan
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, parse_names, plan
 
 
 @pytest.fixture()

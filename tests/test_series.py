@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from patchset import api
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = {"mma-splitk-decode", "triton-dsa-indexer", "indexer-bf16-gemm", "mhc-bf16",

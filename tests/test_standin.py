@@ -1257,7 +1257,7 @@ def pd_stack(launch, decode_envs: tuple = (None,)) -> tuple[list[str], str, list
 
 
 def probe_through(base: str, texts: list[str], new_tokens: int = 256) -> tuple[list[list[float]], float, float]:
-    """isolate/drift.py's requests (measure, generate, replay): flush; generate from text with
+    """isolate/measure/drift.py's requests (measure, generate, replay): flush; generate from text with
     sampling and logprobs from 0 (the prompt's ids from input_token_logprobs, the decode's
     logprobs from output_token_logprobs); flush; replay prompt + output with
     max_new_tokens=0 and logprob_start_len=len(prompt)-1.  Per sequence the exp(r)-1-r terms

@@ -1,4 +1,4 @@
-"""The tracer (patchset/agent/tracer.py) in real Python processes, installed exactly as
+"""The tracer (patchset/agent/lib/tracer.py) in real Python processes, installed exactly as
 deploy installs it: sitecustomize.py + patchset_tracer.py first on PYTHONPATH, the
 targets in PATCHSET_TRACE, the records in PATCHSET_TRACE_DIR."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from patchset.agent import tracer
+from patchset.agent.lib import tracer
 
-AGENT = Path(tracer.__file__).parent
+AGENT = Path(tracer.__file__).parent.parent   # patchset/agent (the tracer is lib/tracer.py)
 MODULE = '''
 TABLE = {}
 def plain(x): return x + 1
@@ -51,7 +51,7 @@ def site(tmp_path: Path) -> Path:
     """A trace dir as deploy writes it, a package to trace, a records dir (0700)."""
     trace = tmp_path / "trace"
     trace.mkdir()
-    shutil.copy(AGENT / "tracer.py", trace / "patchset_tracer.py")
+    shutil.copy(AGENT / "lib" / "tracer.py", trace / "patchset_tracer.py")
     shutil.copy(AGENT / "sitecustomize.py", trace / "sitecustomize.py")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")

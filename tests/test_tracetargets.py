@@ -1,4 +1,4 @@
-"""Trace targets derived from the patches (patchset/agent/tracetargets.py): unit cases on
+"""Trace targets derived from the patches (patchset/agent/lib/tracetargets.py): unit cases on
 small files, then the project's series on the real 0.5.14 tree, against docs/explanation/tracer.md."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from patchset import api
 from patchset.agent import engine
-from patchset.agent.tracetargets import changed_lines, for_patch, module_name
-from patchset.manifest import load_series
-from patchset.selection import Selection, plan
-from patchset.upstream import materialize
+from patchset.agent.lib.tracetargets import changed_lines, for_patch, module_name
+from patchset.series.manifest import load_series
+from patchset.series.selection import Selection, plan
+from patchset.pin.upstream import materialize
 
 from patchset.connect.local import LocalTransport
 

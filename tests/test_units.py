@@ -15,13 +15,14 @@ import pytest
 from patchset.deploy import deploy as dep
 from patchset.connect.local import LocalTransport
 from patchset import transport as wire
-from patchset.agent import wire as agentwire
+from patchset.agent.lib import wire as agentwire
 from faketransport import FakeTransport
 from patchset.connect import settings
 from patchset.deploy import units
 from patchset.agent import deployer
 from patchset.connect.inventory import Host, load
-from patchset.agent import engine, staleness
+from patchset.agent import engine
+from patchset.agent.lib import staleness
 from patchset.cli import DeployView, main
 from patchset.errors import ManifestError, TargetError, UsageError
 
@@ -503,7 +504,7 @@ def test_the_tracer_is_on_by_default_with_the_host_derived_targets() -> None:
     assert env["decode"]["PATCHSET_TRACE_DIR"] == f"{units.TRACE_RUN}/decode"
     assert "RuntimeDirectory=patchset-trace/decode\nRuntimeDirectoryMode=0700\n" in \
         out["decode"].unit_text
-    from patchset.agent import tracer
+    from patchset.agent.lib import tracer
     parsed = tracer.parse(env["decode"]["PATCHSET_TRACE"])
     assert parsed[("sglang.srt.layers.idx", "<module>")] == [f"idx-c:{'c' * 12}"]
     assert parsed[("!sglang.srt.layers.idx", "_triton_kernel")] == [f"idx-c:{'c' * 12}"]
@@ -534,7 +535,7 @@ def test_the_tracer_directory_is_made_root_only_and_a_link_is_refused(tmp_path: 
     import os
     import stat
 
-    from patchset.agent import tracer
+    from patchset.agent.lib import tracer
     home = tmp_path / "lib" / "patchset" / "trace"
     home.mkdir(parents=True)
     os.chmod(home, 0o777)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from patchset import upstream
+from patchset.pin import upstream
 from patchset.errors import Unreachable, UpstreamError
-from patchset.model import GitPin, UpstreamPin
-from patchset.upstream import BaseTree, blob_ids, materialize, provision
+from patchset.pin.model import GitPin, UpstreamPin
+from patchset.pin.upstream import BaseTree, blob_ids, materialize, provision
 
 # The wheel is fixed by its sha256, so the commit built from it is fixed too.
 WHEEL_COMMIT = "3570f4785cd75e96190ef2c0ee13fc29f2445e98"
@@ -325,7 +325,7 @@ def test_concurrent_provisions_build_once_and_agree(
 ) -> None:
     cache = seeded_cache(tmp_path / "cache", pinned_wheel)
     code = (
-        "import json, sys; from patchset.upstream import provision; from patchset.model import *;"
+        "import json, sys; from patchset.pin.upstream import provision; from patchset.pin.model import *;"
         "pin = eval(sys.argv[1]); print(provision(pin, cache=sys.argv[2], offline=True).commit)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -409,7 +409,7 @@ def test_cache_root_follows_the_environment(
 
 
 def test_importing_upstream_does_not_import_git() -> None:
-    code = "import sys, patchset.upstream; print('git' in sys.modules)"
+    code = "import sys, patchset.pin.upstream; print('git' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -1,4 +1,4 @@
-"""The typed wire (patchset/agent/wire.py): every op has a request and a result, both
+"""The typed wire (patchset/agent/lib/wire.py): every op has a request and a result, both
 round-trip through JSON, and anything else is refused with one line naming the field."""
 
 from __future__ import annotations
@@ -12,34 +12,61 @@ import pytest
 
 from patchset import transport
 from patchset.agent import main as agent_main
-from patchset.agent import wire
-from patchset.agent.protocol import PROTOCOL, Events
+from patchset.agent.lib import wire
+from patchset.agent.lib.protocol import PROTOCOL, Events
 from patchset.errors import TargetError
 
-AGENT = Path(wire.__file__).parent
+AGENT = Path(wire.__file__).parent.parent        # patchset/agent: the host program
 
 
-def test_every_op_the_agent_serves_has_a_request_and_a_result() -> None:
-    """Adding an op to the dispatcher without its two classes fails here."""
-    assert set(agent_main.OPS) == set(wire.REQUESTS) == set(wire.RESULTS)
-    for op in agent_main.OPS:
-        assert wire.REQUESTS[op].op == op
-        assert issubclass(wire.REQUESTS[op], wire.Request)
-        assert issubclass(wire.RESULTS[op], wire.Result)
+def test_every_op_is_one_entry_of_the_one_table() -> None:
+    """An op is one `wire.Op`: its two records, the part of the host program that serves
+    it and the function there. The agent dispatches by the table alone (no list of ops in
+    main.py, protocol.py or a part), and each named function exists and says which records
+    it takes and returns."""
+    import importlib
+    assert set(wire.OPS) == set(wire.REQUESTS) == set(wire.RESULTS)
+    for name, op in wire.OPS.items():
+        assert op.name == name and op.request.op == name
+        assert issubclass(op.request, wire.Request) and issubclass(op.result, wire.Result)
+        part = importlib.import_module(f"patchset.agent.{op.part}")
+        function = getattr(part, op.function)
+        returns = function.__annotations__["return"]
+        assert op.result.__name__ in returns, (name, returns)
+        assert callable(part.serve)
+    assert agent_main.ISOLATED_OPS == ("deploy",)
+    for module in ("main.py", "lib/protocol.py", "engine.py", "deployer.py", "gather.py",
+                   "adoption.py"):
+        source = (AGENT / module).read_text()
+        assert "_OPS" not in source.replace("ISOLATED_OPS", ""), module
+
+
+def test_a_part_refuses_an_op_it_does_not_serve() -> None:
+    """A request sent to the wrong part is a usage failure naming it, not a wrong op run."""
+    from patchset.agent import deployer, engine, gather
+    status = wire.StatusRequest(target="/nowhere")
+    for part in (deployer, gather):
+        failure = part.serve(status)
+        assert isinstance(failure, wire.Failure) and failure.kind == "usage"
+        assert "does not serve the op 'status'" in failure.message
+    failure = engine.serve(wire.FactsRequest(target="/nowhere"))
+    assert isinstance(failure, wire.Failure) and failure.kind == "usage"
 
 
 def test_no_agent_op_function_returns_a_bare_dict() -> None:
-    """The op functions and the entry points take and return the wire's dataclasses."""
-    entry = {"engine.py": {"run", "op_apply", "op_revert", "op_status", "op_capture",
-                           "op_bisect_mark", "transition"},
-             "deployer.py": {"execute", "op_facts", "op_deploy", "_deploy_locked"},
-             "gather.py": {"run"}, "main.py": {"serve"}}
+    """The op functions and the parts' frames take and return the wire's dataclasses."""
+    entry: dict[str, set[str]] = {"main.py": {"serve"}}
+    for op in wire.OPS.values():
+        entry.setdefault(f"{op.part}.py", {"serve"}).add(op.function)
+    entry["engine.py"].add("transition")
+    entry["deployer.py"].add("_deploy_locked")
     for module, names in entry.items():
         tree = ast.parse((AGENT / module).read_text())
         found = {f.name: ast.unparse(f.returns) for f in ast.walk(tree)
                  if isinstance(f, ast.FunctionDef) and f.name in names}
         assert set(found) == names, module
-        assert all("wire." in r and r != "dict" for r in found.values()), (module, found)
+        assert all(("wire." in r or "Result" in r) and r != "dict"
+                   for r in found.values()), (module, found)
 
 
 def sample(op: str) -> tuple[wire.Request, wire.Result]:
@@ -166,18 +193,18 @@ def test_the_shipped_request_is_the_encoded_one(tmp_path: Path) -> None:
         member = tar.extractfile("request.json")
         assert member is not None
         assert json.loads(member.read()) == wire.encode_request(request)
-        assert f"{transport.AGENT_NAME}/wire.py" in tar.getnames()
+        assert f"{transport.AGENT_NAME}/lib/wire.py" in tar.getnames()
 
 
 def test_wire_runs_on_the_oldest_host_python() -> None:
     """Hosts may have python3.8: the annotations must resolve there (typing.List, not
     list[...]; Optional, not X | None) and wire.py imports only the stdlib."""
-    tree = ast.parse((AGENT / "wire.py").read_text())
+    tree = ast.parse((AGENT / "lib" / "wire.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.AnnAssign):
             text = ast.unparse(node.annotation)
             assert "|" not in text and not text.startswith(("list[", "dict[")), text
         if isinstance(node, ast.ImportFrom) and node.level == 0:
             assert node.module in ("__future__", "dataclasses", "typing"), node.module
-    for cls in {c for pair in wire.OPS.values() for c in pair}:
+    for cls in {c for op in wire.OPS.values() for c in (op.request, op.result)}:
         assert dataclasses.is_dataclass(cls)

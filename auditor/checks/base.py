@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from patchset.model import Series
+from patchset.series.model import Series
 
-from patchset.agent.facts.base import FactValue
+from patchset.agent.lib.facts.base import FactValue
 from ..cohorts import CohortSpec
 from ..facttable import Context
 from ..model import Evidence, Finding, HostReport, PatchState, Server

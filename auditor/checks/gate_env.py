@@ -10,7 +10,7 @@ not the one that runs. A gate set for a patch that is not applied does nothing.
 
 from __future__ import annotations
 
-from patchset.agent.facts.base import FactValue
+from patchset.agent.lib.facts.base import FactValue
 from ..model import Evidence, Finding, Unit
 from .base import AuditContext, Reporter, shown
 

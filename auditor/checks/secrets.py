@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from ..model import Evidence, Finding, Server, Unit
-from patchset.agent.redact import MARK, is_secret_name
+from patchset.agent.lib.redact import MARK, is_secret_name
 from .base import AuditContext, Reporter
 
 ID = "secrets"

@@ -1,6 +1,6 @@
 """What ran agrees with what is declared: patchset's tracer, in every server process.
 
-Deploy starts each server with the tracer (patchset/agent/tracer.py; `trace: false` in
+Deploy starts each server with the tracer (patchset/agent/lib/tracer.py; `trace: false` in
 hosts.yaml turns it off), which records per process which of each applied patch's
 functions ran. A declared state is a reasoning from `requires`; a record is a fact:
 

@@ -1,7 +1,7 @@
 """Inline SVG charts of drift figures: the drift by token position, and bars (a bisect's
 per-suspect contributions, each step's A/B drift). The one implementation: the audit's
 HTML report draws them here, and `patchset probe --kind drift --format html`
-(isolate/driftview.py) draws its charts with the same function.
+(isolate/measure/driftview.py) draws its charts with the same function.
 
 A chart is plain SVG text: no script, nothing fetched, so it renders in a mail client or
 an air-gapped browser as it does anywhere; every label is escaped. The y axis is log10 of

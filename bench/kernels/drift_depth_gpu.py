@@ -1,4 +1,4 @@
-"""The drift probe's three-outcome decision (isolate/driftdecide.py) on the GPU, by depth.
+"""The drift probe's three-outcome decision (isolate/measure/driftdecide.py) on the GPU, by depth.
 
 drift_gpu.py showed the old per-token test (driftstats.Verdict) calling mhc-bf16 `above`
 at 8 layers and `within` at 16, 32 and 61: the batching noise grows with depth faster than
@@ -8,7 +8,7 @@ signed-rank test, a bootstrap upper bound, sequential looks), on the same kind o
 random-weight torch model whose hyper-connection mixes are computed by the REAL
 hc_pre_torch_impl, upstream (fp32 GEMM, state A) and patched (mhc-bf16: bf16 GEMM, state B).
 
-It mirrors what the probe does (isolate/drift.py):
+It mirrors what the probe does (isolate/measure/drift.py):
 
 * a sequence is a prompt and its continuation, sampled from state A by a KV-cache decode;
   a round adds 6 sequences, 3 prompt sizes x 2 prompts (the probe's 3 sizes x 2 turns;
@@ -67,10 +67,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from patchset.isolate import driftdecide                                        # noqa: E402
-from patchset.isolate.driftdecide import (DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE,  # noqa: E402
-                                 Paired, decide)
-from patchset.isolate.driftstats import Verdict, compare                         # noqa: E402
+from patchset.isolate.measure import driftdecide  # noqa: E402
+from patchset.isolate.measure.driftdecide import (DEFAULT_CONFIDENCE, DEFAULT_TOLERANCE,
+                                                  Paired, decide)
+from patchset.isolate.measure.driftstats import Verdict, compare  # noqa: E402
 
 # the decision code this process decides with (read at import: what a report names)
 DECIDE_SHA = hashlib.sha256(Path(driftdecide.__file__).read_bytes()).hexdigest()[:16]
@@ -278,7 +278,7 @@ def measure(cfg: Config, out_path: Path | None) -> dict:
               "driftdecide_sha256": hashlib.sha256(
                   (ROOT / "isolate" / "driftdecide.py").read_bytes()).hexdigest()[:16],
               "noise": ("every replay alone (one request at a time: the probe's own "
-                        "conditions, isolate/drift.py)" if cfg.noise == "alone" else
+                        "conditions, isolate/measure/drift.py)" if cfg.noise == "alone" else
                         "every replay batched behind a fresh random filler request "
                         "(length uniform 1/8..1/2 of the sequence's)"),
               "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
@@ -643,7 +643,7 @@ def report(result: dict, summary: dict) -> str:
                  f"looks {max(1, cfg['budget'] // (2 * len(cfg['sizes'])))}, confidence "
                  f"{DEFAULT_CONFIDENCE}, default tolerance {DEFAULT_TOLERANCE}; "
                  f"device {result['device']}, torch {result['torch']}; decided with "
-                 f"isolate/driftdecide.py sha256 {DECIDE_SHA} (measured under "
+                 f"isolate/measure/driftdecide.py sha256 {DECIDE_SHA} (measured under "
                  f"{result.get('driftdecide_sha256', '?')})")
     lines.append(f"noise: {result.get('noise', '?')}")
     lines.append("")

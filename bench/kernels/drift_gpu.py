@@ -6,7 +6,7 @@ GEMM) and patched (mhc-bf16: bf16 GEMM), on the two paths a server has:
 * decode: one token at a time against a KV cache (hc_pre on 1 token), the way a decode
   server produces the logprob of each token it samples.
 
-Measured with the probe's own code (isolate/driftstats.py, exp(r) - 1 - r per token):
+Measured with the probe's own code (isolate/measure/driftstats.py, exp(r) - 1 - r per token):
 
 1. prefill vs decode with fp32 mixes, and with bf16 mixes (the probe's default mode);
 2. A/B: the same tokens replayed as prefill with fp32 mixes and with bf16 mixes (the
@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 import torch                                               # noqa: E402
 import torch.nn.functional as F                            # noqa: E402
 
-from patchset.isolate.driftstats import Verdict, compare             # noqa: E402
+from patchset.isolate.measure.driftstats import Verdict, compare  # noqa: E402
 
 N_STREAMS, WIDTH, LAYERS, HEADS, VOCAB = 4, 1024, 8, 8, 8192
 

@@ -10,7 +10,7 @@ kernels, judged by the auditor's own code:
   patches.yaml (`manifest.load_series`). Also a variant where mma-splitk-decode carries a
   manifest entry `trace: [{module: ...flash_mla_sm120_triton, qualname:
   _run_splitk_mma_sparse_decode}]` with `trace_mode: replace` (the series has none).
-* **servers**: the trace dir as deploy installs it (patchset/agent/tracer.py copied as
+* **servers**: the trace dir as deploy installs it (patchset/agent/lib/tracer.py copied as
   patchset_tracer.py + sitecustomize.py, first on PYTHONPATH), PATCHSET_TRACE from
   `deploy.units.trace_value(applied, traces)` (derived targets + `~forward=
   sglang.srt.model_executor.model_runner:ModelRunner.forward`), PATCHSET_PATCHES from
@@ -94,8 +94,8 @@ def derive(wheel: Path, src: Path) -> dict:
     sys.path[:0] = [str(ROOT), str(HERE)]
     import prepare_src as ps
 
-    from patchset.agent import tracetargets as tt
-    from patchset.manifest import load_series
+    from patchset.agent.lib import tracetargets as tt
+    from patchset.series.manifest import load_series
 
     series = load_series(ROOT / "patches.yaml")
     upstream = ps.read_upstream(wheel, None)
@@ -594,7 +594,7 @@ def site(tmp: Path, dry: bool, src: Path) -> dict[str, Path]:
             "scratch": tmp / "scratch"}
     for d in dirs.values():
         d.mkdir(parents=True)
-    shutil.copy(AGENT / "tracer.py", dirs["trace"] / "patchset_tracer.py")    # as deploy
+    shutil.copy(AGENT / "lib" / "tracer.py", dirs["trace"] / "patchset_tracer.py")    # as deploy
     shutil.copy(AGENT / "sitecustomize.py", dirs["trace"] / "sitecustomize.py")
     (dirs["shim"] / "sitecustomize.py").write_text(
         f"TRACE_DIR = {str(dirs['trace'])!r}\n" + WRAP_SHIM)
@@ -684,9 +684,9 @@ def judge(run: dict, targets: dict) -> dict:
     auditor's rule: per process and for the whole server."""
     from patchset.auditor.model import Proc, Server
     from patchset.auditor.observed import modes_ran, observe, unavailable
-    from patchset.agent.facts.base import FactValue
-    from patchset.agent.facts.trace import TraceRecords
-    from patchset.agent.redact import Redactor
+    from patchset.agent.lib.facts.base import FactValue
+    from patchset.agent.lib.facts.trace import TraceRecords
+    from patchset.agent.lib.redact import Redactor
     from patchset.agent.runner import Runner
 
     fact = TraceRecords()

@@ -156,7 +156,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="trace-gpu-") as tmp:
         site = Path(tmp)
         (site / "trace").mkdir()
-        shutil.copy(AGENT / "tracer.py", site / "trace" / "patchset_tracer.py")
+        shutil.copy(AGENT / "lib" / "tracer.py", site / "trace" / "patchset_tracer.py")
         shutil.copy(AGENT / "sitecustomize.py", site / "trace" / "sitecustomize.py")
         plain, none, t_off = run(site, args.src, False)
         traced, recs, t_on = run(site, args.src, True)

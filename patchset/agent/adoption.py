@@ -26,13 +26,16 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
-from . import bounded, engine
-from .gitenv import run_git
-from .wire import (AdoptRequest, AdoptResult, Commit, Failure, GitFacts, InventoryRequest,
-                   InventoryResult, Request)
-from .records import TreeState
+from .lib import bounded
+from . import engine
+from .lib.gitenv import run_git
+from .lib.wire import (AdoptRequest, AdoptResult, Commit, Failure, GitFacts, InventoryRequest,
+                       InventoryResult, Request, WireError, op_function)
+from .lib.protocol import Events
+from .lib.records import TreeState
 
 SKIP_DIRS = ("__pycache__",)
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -110,11 +113,11 @@ def _blob_of(path: Path) -> str:
 
 
 def _describe(mode: int) -> str:
-    from .safewrite import describe
+    from .lib.safewrite import describe
     return "a regular file" if stat.S_ISREG(mode) else describe(mode)
 
 
-def inventory(req: InventoryRequest) -> InventoryResult:
+def op_inventory(req: InventoryRequest, bundle: Path) -> InventoryResult:
     target = engine.Target(req.target, req.git_prefix, req.package)
     files, special, executable = served_files(target)
     checkout = Path(req.checkout) if req.checkout else (target.root if target.is_git
@@ -270,7 +273,7 @@ def _commit(root: Path, commit: str, files: list[str], scope: str) -> Commit:
 
 # ---------------------------------------------------------------- adopting
 
-def adopt(req: AdoptRequest, bundle: Path) -> AdoptResult:
+def op_adopt(req: AdoptRequest, bundle: Path) -> AdoptResult:
     """Record the state; the served files are hashed before and after, and any difference
     (or failure) removes exactly what this op made, so the tree is as it was."""
     target = engine.Target(req.target, req.git_prefix, req.package)
@@ -440,14 +443,14 @@ def _record(target: engine.Target, state: TreeState, req: AdoptRequest, bundle: 
     engine.write_json(target.state_file, state.to_json(), target.root)
 
 
-def run(request: Request, bundle: Path) -> InventoryResult | AdoptResult | Failure:
-    """The ops' entry (main.py): errors are results, like every op's."""
+def serve(request: Request, bundle: str | Path = ".",
+          events: Events | None = None) -> InventoryResult | AdoptResult | Failure:
+    """The adoption ops' frame (wire.OPS names the op's function): errors are results,
+    like every op's."""
     try:
-        if isinstance(request, InventoryRequest):
-            return inventory(request)
-        if isinstance(request, AdoptRequest):
-            return adopt(request, bundle)
-        return Failure("usage", f"not an adoption op: {request.op!r}")
+        return op_function(sys.modules[__name__], request)(request, Path(bundle))
+    except WireError as exc:
+        return Failure(exc.kind, str(exc))
     except engine.EngineError as exc:
         return Failure(exc.kind, str(exc), exc.details)
     except (KeyError, TypeError, ValueError) as exc:

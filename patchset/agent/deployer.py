@@ -33,15 +33,17 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import bounded, engine, redact, safewrite, tracer, wire
-from .protocol import Events
-from .records import TreeState, UnitStatus
+from .lib import bounded, redact, safewrite, tracer, wire
+from . import engine
+from .lib.protocol import Events
+from .lib.records import TreeState, UnitStatus
 from .runner import unit_show
 
 
@@ -135,7 +137,7 @@ def probe(url: str, timeout: float) -> tuple[bool, str]:
     what was seen)."""
     import http.client
 
-    from . import httpdeadline
+    from .lib import httpdeadline
     try:
         status, _ = httpdeadline.get(url, {}, timeout, 4096)
     except (OSError, ValueError, http.client.HTTPException) as exc:
@@ -196,7 +198,7 @@ def show(unit: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- facts
 
-def op_facts(request: wire.FactsRequest) -> wire.FactsResult:
+def op_facts(request: wire.FactsRequest, events: Events) -> wire.FactsResult:
     target = open_tree(request)
     state = target.state() if target else None
     facts = units_by_name(target, state)
@@ -242,9 +244,9 @@ def install_tracer() -> None:
     a unit with PATCHSET_TRACE puts first on its PYTHONPATH. Rewritten only if changed."""
     here = Path(__file__).resolve().parent
     _root_only_dirs(tracer.HOME)
-    for name, source in (("sitecustomize.py", "sitecustomize.py"),
-                         ("patchset_tracer.py", "tracer.py")):
-        text = (here / source).read_text(encoding="utf-8")
+    for name, source in (("sitecustomize.py", here / "sitecustomize.py"),
+                         ("patchset_tracer.py", here / "lib" / "tracer.py")):
+        text = source.read_text(encoding="utf-8")
         dest = os.path.join(tracer.HOME, name)
         st = os.lstat(dest) if os.path.lexists(dest) else None
         if read_text(dest) != text or st.st_uid != 0 or st.st_mode & 0o7022 or \
@@ -582,15 +584,14 @@ def record(request: wire.DeployRequest, actions: dict) -> None:
 
 # ---------------------------------------------------------------- entry points
 
-def execute(request: wire.FactsRequest | wire.DeployRequest,
-            events: Events | None = None) -> wire.Result | wire.Failure:
-    events = events or Events()
+def serve(request: wire.Request, bundle: str | Path = ".",
+          events: Events | None = None) -> wire.Result | wire.Failure:
+    """The unit ops' frame (wire.OPS names the op's function): a refusal is a Failure,
+    redacted of the request's secrets."""
     try:
-        if isinstance(request, wire.FactsRequest):
-            return op_facts(request)
-        if isinstance(request, wire.DeployRequest):
-            return op_deploy(request, events)
-        raise EngineError(f"unknown op {request.op!r}", "usage")
-    except EngineError as exc:
+        function = wire.op_function(sys.modules[__name__], request)
+        return function(request, events or Events())
+    except (EngineError, wire.WireError) as exc:
         red = redactor(request)
-        return wire.Failure(exc.kind, red.text(str(exc)), red.text(exc.details or ""))
+        return wire.Failure(exc.kind, red.text(str(exc)),
+                            red.text(getattr(exc, "details", "") or ""))

@@ -30,19 +30,21 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
-from . import bounded, safewrite, staleness, wire
-from .gitenv import run_git
-from .protocol import ended, killed
-from .records import (AppliedPatch, Interpreter, StateError, StatusRecord,
-                      TreeState, UnitStatus, now_stamp)
+from .lib import bounded, safewrite, staleness, wire
+from .lib.crashpoint import crash_point
+from .lib.gitenv import run_git
+from .lib.gitblob import EngineError, blob_id, file_diff, git, git_apply, text_or_refuse
+from .lib.protocol import Events, ended, killed
+from .lib.records import (AppliedPatch, Interpreter, StateError, StatusRecord, TreeState,
+                          UnitStatus, now_stamp)
 
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
@@ -50,20 +52,7 @@ BASE_REF = "refs/patchset/base"   # on git trees: the pinned base the series sit
 DIFF_LINES = 80
 
 
-class EngineError(Exception):
-    """An expected refusal; `kind` maps to the controller's error classes."""
-
-    def __init__(self, message: str, kind: str = "target", details: str = "") -> None:
-        super().__init__(message)
-        self.kind, self.details = kind, details
-
-
 # ---------------------------------------------------------------- small helpers
-
-def blob_id(data: bytes) -> str:
-    """The git blob id of `data`: how files are named in patches and state."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
 
 def file_blob(path: Path) -> str | None:
     return blob_id(path.read_bytes()) if path.is_file() else None
@@ -92,25 +81,6 @@ def read_json(path: Path) -> Any:
     except bounded.InputError as exc:
         raise EngineError(f"{path} is corrupt or not a state record ({exc.field}: "
                           f"{exc.message}); move it aside and re-apply") from None
-
-
-def crash_point(label: str) -> None:
-    """Fault injection for the kill-at-any-point tests: PATCHSET_TEST_CRASH_AT=label."""
-    if os.environ.get("PATCHSET_TEST_CRASH_AT") == label:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def git(cwd: Path, *args: str, data: bytes | None = None,
-        env: dict[str, str] | None = None) -> str:
-    """The engine's git: gitenv.run_git (the one runner and environment policy, tree
-    mode) with a failure or a kill raised as EngineError naming the command."""
-    proc = run_git(args, cwd, extra=env, input=data)
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        why = ended(proc.returncode) if killed(proc.returncode) or not err else err[-1]
-        raise EngineError(f"git {args[0]} failed in {cwd}: {why}",
-                          details=proc.stderr.decode(errors="replace"))
-    return proc.stdout.decode(errors="replace")
 
 
 GIT_PATHS = ("rev-parse", "--git-path", "info/exclude", "--show-object-format", "--git-dir",
@@ -461,21 +431,6 @@ class Staging:
     def content(self, path: str) -> bytes | None:
         file = self.work / path
         return file.read_bytes() if file.is_file() else None
-
-
-def git_apply(work: Path, patch: bytes, ceiling: Path, include: list[str] | None = None) -> None:
-    """`git apply` of `patch` (-p1) to the files under `work`, outside any repository:
-    GIT_CEILING_DIRECTORIES (`ceiling`, above `work`) keeps git from finding the target's
-    own repository around it. `include`: only these paths of the patch (the rest is not
-    read). EngineError carries git's reason in one line."""
-    only = [f"--include={path}" for path in include or ()]
-    try:
-        git(work, "apply", "--whitespace=nowarn", "-p1", *only, "-", data=patch,
-            env={"GIT_CEILING_DIRECTORIES": str(ceiling)})
-    except EngineError as exc:        # git's reason, else how it ended (a kill)
-        raise EngineError("; ".join(re.sub(r"^error: ", "", line.strip())
-                                    for line in exc.details.splitlines() if line.strip())
-                          or str(exc)) from None
 
 
 Step = list[tuple[str, "bytes | None"]]   # one patch's files after it: (path, content)
@@ -995,7 +950,7 @@ def op_bisect_mark(target: Target, request: wire.BisectMarkRequest,
 
 # ---------------------------------------------------------------- capture (read-only)
 
-NULL_BLOB = "0" * 40
+
 
 
 def op_capture(target: Target, request: wire.CaptureRequest,
@@ -1032,7 +987,7 @@ def _capture_git(target: Target) -> tuple[str, dict]:
     files = {}
     for path in git(target.root, "diff", "--name-only", "--no-renames", "HEAD").split("\n"):
         if path:
-            _text_or_refuse(path, target.disk(path).read_bytes()
+            text_or_refuse(path, target.disk(path).read_bytes()
                             if target.disk(path).is_file() else b"")
             pre = run_git(["rev-parse", "--verify", "-q", f"HEAD:{path}"], target.root)
             files[path] = {"pre": pre.stdout.decode().strip() or None,
@@ -1047,56 +1002,13 @@ def _capture_plain(target: Target, state: TreeState) -> tuple[str, dict]:
         old = target.read_blob(item["expected"]) if item["expected"] else None
         disk_path = target.disk(item["path"])
         new = disk_path.read_bytes() if item["found"] else None
-        parts.append(_file_diff(item["path"], old, new, _mode(disk_path)))
+        parts.append(file_diff(item["path"], old, new, _mode(disk_path)))
         files[item["path"]] = {"pre": item["expected"], "post": item["found"]}
     return "".join(parts), files
 
 
-def _text_or_refuse(path: str, data: bytes) -> str:
-    try:
-        if b"\0" in data:
-            raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL")
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise EngineError(f"cannot capture {path}: binary or not UTF-8 (patches are "
-                          "text); restore it first", "usage") from None
-
-
 def _mode(path: Path) -> str:
     return "100755" if path.is_file() and os.access(path, os.X_OK) else "100644"
-
-
-def _text_lines(path: str, data: bytes) -> list[str]:
-    """The file's lines as git cuts them: at "\n" only, each keeping it, the last without
-    one if the file does not end in one (str.splitlines also cuts at "\r", form feeds and
-    the like, which made a diff that did not apply)."""
-    _text_or_refuse(path, data)
-    lines = [line + b"\n" for line in data.split(b"\n")]
-    lines[-1] = lines[-1][:-1]
-    return [line.decode("utf-8") for line in lines if line]
-
-
-def _file_diff(path: str, old: bytes | None, new: bytes | None, mode: str) -> str:
-    """One file's diff in `git diff --full-index` form (git layout paths), from difflib."""
-    a = _text_lines(path, old or b"")
-    b = _text_lines(path, new or b"")
-    pre = blob_id(old) if old is not None else NULL_BLOB
-    post = blob_id(new) if new is not None else NULL_BLOB
-    out = [f"diff --git a/{path} b/{path}\n"]
-    if old is None:
-        out += [f"new file mode {mode}\n", f"index {pre}..{post}\n"]
-    elif new is None:
-        out += [f"deleted file mode {mode}\n", f"index {pre}..{post}\n"]
-    else:
-        out.append(f"index {pre}..{post} {mode}\n")
-    out.append(f"--- {'a/' + path if old is not None else '/dev/null'}\n")
-    out.append(f"+++ {'b/' + path if new is not None else '/dev/null'}\n")
-    for line in list(difflib.unified_diff(a, b, n=3, lineterm=""))[2:]:
-        if line.startswith("@@"):
-            out.append(line + "\n")
-        else:
-            out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
 
 
 # ---------------------------------------------------------------- trace targets
@@ -1105,7 +1017,7 @@ def trace_targets(target: Target, state: TreeState | None) -> dict[str, list[dic
     """`name:sha12` -> the trace targets (tracetargets.for_patch) of every applied patch,
     from each patch's own pre- and post-images: the applied series rebuilt off to the side
     from the copies kept in .patchset/patches (the same build as a revert's). Read-only."""
-    from . import tracetargets           # deploy only: not on apply's path
+    from .lib import tracetargets  # deploy only: not on apply's path
     if state is None or not state.applied:
         return {}
     patches = target.meta / "patches"
@@ -1161,7 +1073,7 @@ def unit_facts(target: Target, state: TreeState | None) -> list[UnitStatus]:
 def _unit_fact(target: Target, path: Path, role: str, applied: list[dict],
                updated: str | None) -> UnitStatus:
     from . import runner                 # status and deploy read units; apply never does
-    from .facts import systemd
+    from .lib.facts import systemd
     show = runner.unit_show(path.name)
     pid = show.get("MainPID") or 0
     started = systemd.main_started(show, time.time(), time.monotonic())
@@ -1286,7 +1198,7 @@ def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
 
 
 def _refuse_option(field: str, value: object) -> None:
-    """The controller validates the pin (patchset/pinrules.py); the host checks again that
+    """The controller validates the pin (patchset/pin/pinrules.py); the host checks again that
     no value could reach git as an option or carry a control character."""
     if (not isinstance(value, str) or not value or value.startswith(("-", "+"))
             or re.search(r"[\x00-\x20\x7f]", value) or re.match(r"[A-Za-z][A-Za-z0-9+.-]*::",
@@ -1296,13 +1208,13 @@ def _refuse_option(field: str, value: object) -> None:
                           "character); nothing was run", "usage")
 
 
-TREE_OPS = {"apply": op_apply, "revert": op_revert, "capture": op_capture,
-            "bisect-mark": op_bisect_mark}
-
-
-def run(request: wire.Request, bundle: str | Path = ".") -> wire.Result | wire.Failure:
-    """Execute one request; always a result (errors are a Failure)."""
+def serve(request: wire.Request, bundle: str | Path = ".",
+          events: Events | None = None) -> wire.Result | wire.Failure:
+    """The tree ops' frame (wire.OPS names the op's function): provision a missing tree,
+    take the lock (status reads without it), finish an interrupted transaction, run the
+    op; always a result (errors are a Failure)."""
     try:
+        function = wire.op_function(sys.modules[__name__], request)
         provisioned = None
         if (isinstance(request, wire.ApplyRequest) and request.provision
                 and not request.dry_run
@@ -1310,19 +1222,17 @@ def run(request: wire.Request, bundle: str | Path = ".") -> wire.Result | wire.F
             provisioned = provision_base(request, Path(bundle))
         target = Target(request.target, request.git_prefix, request.package)
         if isinstance(request, wire.StatusRequest):
-            return op_status(target, request)
-        if request.op not in TREE_OPS:
-            raise EngineError(f"unknown op {request.op!r}", "usage")
+            return function(target, request)
         dry_run = isinstance(request, wire.TreeChangeRequest) and request.dry_run
         with target.lock(float(getattr(request, "lock_wait", 0.0)), request.op,
                          read_only=dry_run):
             if isinstance(request, wire.TreeChangeRequest) and not dry_run:
                 refuse_during_bisect(target, request)
             recovered = recover(target)
-            result = TREE_OPS[request.op](target, request, Path(bundle))
+            result = function(target, request, Path(bundle))
         return dataclasses.replace(result, recovered=recovered, provisioned=provisioned)
-    except EngineError as exc:
-        return wire.Failure(exc.kind, str(exc), exc.details or "")
+    except (EngineError, wire.WireError) as exc:
+        return wire.Failure(exc.kind, str(exc), getattr(exc, "details", "") or "")
     except OSError as exc:   # permissions, disk full: say which file, never a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         return wire.Failure("target", f"{exc.strerror or exc}{where}; a journal, if "

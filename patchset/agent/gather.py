@@ -20,16 +20,18 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from . import bounded, wire
-from .facts import checkpoint as ck
-from .facts import gpu, http, journal, procs, systemd, trace, tree
-from .tracer import DIR_VAR as TRACE_DIR_VAR
-from .facts.base import Command
-from .redact import Redactor
+from .lib import bounded, wire
+from .lib.facts import checkpoint as ck
+from .lib.facts import gpu, http, journal, procs, systemd, trace, tree
+from .lib.tracer import DIR_VAR as TRACE_DIR_VAR
+from .lib.facts.base import Command
+from .lib.protocol import Events
+from .lib.redact import Redactor
 from .runner import (HTTP_TIMEOUT, RUN_TIMEOUT, Runner, argv_of, environ_of, process_import,
                      readlink)
 
@@ -80,7 +82,7 @@ class Gatherer:
         try:
             # Here, not in runner.py: the engine reads units through runner (no import loop).
             from . import engine
-            result = wire.encode_result(engine.run(request))
+            result = wire.encode_result(engine.serve(request))
         except Exception as exc:  # noqa: BLE001 - a broken tree must not stop the audit
             return self.r.record(cmd, start, error=f"engine status failed: {exc}")
         return self.r.record(cmd, start, exit_code=0, data=self.red.value(result))
@@ -331,11 +333,19 @@ def _connect_host(host: str) -> str:
 
 # ---------------------------------------------------------------- entry points
 
-def run(request: wire.AuditRequest) -> wire.AuditResult | wire.Failure:
-    """Gather everything; always a result (an unexpected error is a Failure naming it,
-    its redacted traceback in the details)."""
+def op_audit(request: wire.AuditRequest) -> wire.AuditResult:
+    """Every raw fact of the audit in one go."""
+    return Gatherer(request).gather()
+
+
+def serve(request: wire.Request, bundle: str | Path = ".",
+          events: Events | None = None) -> wire.Result | wire.Failure:
+    """The audit's frame (wire.OPS names the op's function): always a result (an
+    unexpected error is a Failure naming it, its redacted traceback in the details)."""
     try:
-        return Gatherer(request).gather()
+        return wire.op_function(sys.modules[__name__], request)(request)
+    except wire.WireError as exc:
+        return wire.Failure(exc.kind, str(exc))
     except Exception as exc:  # noqa: BLE001 - report, never crash the round trip
         import traceback
         return wire.Failure("target", f"{type(exc).__name__}: {exc}",

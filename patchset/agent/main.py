@@ -3,38 +3,34 @@
 `python3 -m patchset_agent BUNDLE_DIR` on a host (the bootstrap in patchset/transport.py
 unpacks the bundle and runs it), `python -m patchset.agent BUNDLE_DIR` from a checkout,
 or `serve(request, bundle, events)` in-process for a local tree. Whatever happens, the
-last line on stdout is one result (patchset/agent/protocol.py).
+last line on stdout is one result (patchset/agent/lib/protocol.py).
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from pathlib import Path
 
-from . import bounded, engine, wire
-from .protocol import ADOPT_OPS, GATHER_OPS, TREE_OPS, UNIT_OPS, Events, result_line
+from .lib import bounded, wire
+from .lib.protocol import Events, result_line
 
-OPS = TREE_OPS + UNIT_OPS + GATHER_OPS + ADOPT_OPS
 # ops that run in their own process even for a local tree: a deploy's transaction (and its
 # rollback) must outlive a Ctrl-C or a closed terminal of the controller
-ISOLATED_OPS = ("deploy",)
+ISOLATED_OPS = tuple(name for name, op in wire.OPS.items() if op.isolated)
 
 
 def serve(request: wire.Request, bundle: Path, events: Events) -> wire.Result | wire.Failure:
-    """One typed request -> its typed result (an error is a result too)."""
-    if request.op in TREE_OPS:
-        return engine.run(request, bundle)
-    if request.op in UNIT_OPS:           # imported per op: an apply loads neither (start-up)
-        from . import deployer
-        return deployer.execute(request, events)    # type: ignore[arg-type]
-    if request.op in GATHER_OPS:
-        from . import gather
-        return gather.run(request)                  # type: ignore[arg-type]
-    if request.op in ADOPT_OPS:
-        from . import adoption
-        return adoption.run(request, bundle)
-    return wire.Failure("usage", f"unknown op {request.op!r}")
+    """One typed request -> its typed result (an error is a result too), served by the
+    part of the program the op table names. The part is imported per op: an apply loads
+    neither the deployer nor the gatherer (start-up)."""
+    op = wire.OPS.get(request.op)
+    if op is None:
+        return wire.Failure("usage", f"unknown op {request.op!r}")
+    part = importlib.import_module(f"{__package__}.{op.part}")
+    result: wire.Result | wire.Failure = part.serve(request, bundle, events)
+    return result
 
 
 def serve_json(data: object, bundle: Path, events: Events) -> dict:

@@ -1,7 +1,7 @@
 """The one place a host is read: runs fact Commands and returns raw records (redacted).
 
 Every host read of the agent goes through here and through the fact classes' parsers
-(patchset/agent/facts/): the gatherer of the audit, the engine's `status` (units serving
+(patchset/agent/lib/facts/): the gatherer of the audit, the engine's `status` (units serving
 the tree, the interpreter) and the deploy runner (a unit's state) read systemctl,
 /proc/PID/environ, the interpreter and env files the same way by construction.
 """
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import bounded
-from .facts import checkpoint as ck
-from .facts import procs, systemd, trace, tree
-from .facts.base import Command
-from .redact import Redactor, is_secret_name
+from .lib import bounded
+from .lib.facts import checkpoint as ck
+from .lib.facts import procs, systemd, trace, tree
+from .lib.facts.base import Command
+from .lib.redact import Redactor, is_secret_name
 
 RUN_TIMEOUT = 30.0
 HTTP_TIMEOUT = 5.0
@@ -127,7 +127,7 @@ class Runner:
         that drips its answer cannot hold the gather)."""
         import http.client                   # here: an apply or a status never loads http
 
-        from . import httpdeadline
+        from .lib import httpdeadline
         start = time.monotonic()
         headers = {"Accept": "application/json"}
         if token:

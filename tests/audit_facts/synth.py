@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from patchset.api import base_files
-from patchset.agent import wire
-from patchset.model import Series
+from patchset.agent.lib import wire
+from patchset.series.model import Series
 
 BTIME = 1_795_000_000
 CLK_TCK = 100
@@ -173,7 +173,7 @@ def _server(s: dict, desc: dict) -> dict:
 
 
 def _trace(s: dict, desc: dict) -> dict:
-    """The tracer's records (patchset/agent/tracer.py, format 2) for `trace:` of a server:
+    """The tracer's records (patchset/agent/lib/tracer.py, format 2) for `trace:` of a server:
     a list of {pid, title, watch: {target: [patch name...]}, ran: [target...] (a call
     returned; `ran_in: {target: [mode...]}` says in which forward modes, else outside any),
     entered: [target...] (entered, never returned), raised: {target: ExcType}, via:
@@ -234,7 +234,7 @@ def real_series(workdir: Path) -> Series:
     upstream with the draft series in patches/series.draft.yaml."""
     import shutil
 
-    from patchset.manifest import load_series
+    from patchset.series.manifest import load_series
 
     root = HERE.parent.parent
     manifest = yaml.safe_load((root / "patches.yaml").read_text())

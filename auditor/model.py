@@ -3,13 +3,13 @@ suspects -> report. Nothing here does I/O; every stage can be printed as JSON.""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import fnmatch
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from patchset.agent.lib.facts.base import FactValue, Provenance
-
-if TYPE_CHECKING:
-    from .waivers import Waived, WaiverReport
 
 STATES = ("active", "inert", "gated-off", "not-applied", "drifted", "unknown")
 SEVERITIES = ("high", "medium", "low", "info")
@@ -201,6 +201,73 @@ class NextStep:
     why: str = ""
 
 
+# ---------------------------------------------------------------- waivers (auditor/waivers.py)
+
+@dataclass(frozen=True)
+class Waiver:
+    """One entry of a waivers file."""
+
+    id: str                          # a finding id, with its sub-tag
+    host: str                        # exact or glob, against Finding.host
+    subject: str                     # exact or glob, against Finding.subject
+    justification: str
+    who: str
+    expires: datetime.date           # valid through this day (UTC), expired after it
+    line: int                        # where it starts in its file
+
+    def matches(self, finding: Finding) -> bool:
+        return finding.id == self.id and match(self.host, finding.host) \
+            and match(self.subject, finding.subject)
+
+    def expired(self, today: datetime.date) -> bool:
+        return today > self.expires
+
+
+@dataclass(frozen=True)
+class Waived:
+    """What a waived finding carries (Finding.waiver, report 1.4)."""
+
+    status: str                      # the finding's status before the waiver
+    justification: str
+    who: str
+    expires: str                     # YYYY-MM-DD
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class WaiverUse:
+    """A waiver and the findings it matched (waived, or would have if not expired)."""
+
+    waiver: Waiver
+    findings: tuple[tuple[str, str, str], ...] = ()     # (host, id, subject)
+
+
+@dataclass(frozen=True)
+class WaiverReport:
+    """The report's `waivers` section."""
+
+    file: str
+    applied: tuple[WaiverUse, ...]
+    expired: tuple[WaiverUse, ...]
+    unused: tuple[WaiverUse, ...]
+
+    def to_dict(self) -> dict:
+        def one(use: WaiverUse) -> dict:
+            w = dataclasses.asdict(use.waiver)
+            w["expires"] = use.waiver.expires.isoformat()
+            w["findings"] = [{"host": h, "id": i, "subject": s} for h, i, s in use.findings]
+            return w
+        return {"file": self.file, "applied": [one(u) for u in self.applied],
+                "expired": [one(u) for u in self.expired],
+                "unused": [one(u) for u in self.unused]}
+
+
+def match(pattern: str, value: str) -> bool:
+    """Exact, or an fnmatch glob (case-sensitive)."""
+    return pattern == value or fnmatch.fnmatchcase(value, pattern)
+
+
 # ---------------------------------------------------------------- measured (--measured)
 
 HOW_ATTRIBUTED = ("measured", "inferred")          # a contribution with a value
@@ -290,6 +357,7 @@ class SymptomReport:
 # ---------------------------------------------------------------- fidelity probes (--probe)
 
 PROBE_EVIDENCE = "fidelity probe"   # `what` of the evidence that carries a probe's record
+PROBES = ("recall", "needle", "drift")   # ProbeResult.probe: the sub-tags of probe[...]
 
 
 @dataclass
@@ -298,7 +366,7 @@ class ProbeResult:
     The audit carries these records (hosts[].probes, probe[...] findings); isolate.probe
     runs the probes and fills them, so this read-only package never sends a request."""
 
-    probe: str                    # "recall" | "needle"
+    probe: str                    # one of PROBES
     name: str                     # "recall", "needle@8k"
     ok: bool
     reason: str

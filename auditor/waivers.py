@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import fnmatch
 import os
 import re
 from dataclasses import dataclass
@@ -43,8 +42,10 @@ from patchset.agent.lib.redact import redact_text
 from patchset.errors import UsageError
 from patchset.validate import control_char, describe
 
-from .checks import CHECKS, pd_consistency
-from .model import Evidence, Finding, HostReport
+from .checks import CHECKS
+# the records live in model.py (a Finding carries its Waived): named here too, for callers
+from .model import (PROBES, Evidence, Finding, HostReport, Waived, Waiver, WaiverReport,
+                    WaiverUse, match)
 from .policy import Policy
 
 DEFAULT_FILE = Path("waivers.yaml")      # read from the current directory when it exists
@@ -65,99 +66,11 @@ Clock = Callable[[], datetime.date]       # gives today's date (tests inject one
 MAX_TEXT = {"host": 255, "subject": 1000, "justification": 2000, "who": 200}
 SHOWN = 80                                # the most of a bad value an error message quotes
 
-# The sub-tags each check reports (the `sub=` of its findings, auditor/checks/*.py;
-# tests/test_waivers.py checks this table against their source). Those the policy data
-# defines (hazard ids, tensor expectation ids, resolved-args' flags) and pd-consistency's
-# fields are added by `finding_ids`.
-SUB_TAGS: dict[str, tuple[str, ...]] = {
-    "server-health": ("unit", "health"),
-    "tree-drift": ("unmanaged", "hand-edit", "dirty", "interrupted"),
-    "foreign-commits": ("commit", "unknown-patch", "version"),
-    "pinned-base": ("version", "files"),
-    "imported-tree": ("inventory-python",),
-    "stale-process": ("apply", "changed", "daemon-reload"),
-    "trace": ("inert-but-ran", "declared-active-not-run", "path-disagrees", "unavailable"),
-    "gate-env": ("children", "process", "unused"),
-    "gpu-arch": ("device-order", "patches"),
-    "pd-consistency": (),
-    "checkpoint-dtypes": ("narrowed",),
-    "hazard": (),
-    "secrets": ("cmdline", "server-info", "env-file", "config-file", "unit-file"),
-    "resolved-args": (),                          # its flags: the policy's resolved_args
-    "probe": ("recall", "needle", "drift"),      # auditor/api.py probe findings
-    "cohort-parity": ("tree",),                  # and a patch name each (not waivable yet)
-}
-
-
-@dataclass(frozen=True)
-class Waiver:
-    """One entry of a waivers file."""
-
-    id: str                          # a finding id, with its sub-tag
-    host: str                        # exact or glob, against Finding.host
-    subject: str                     # exact or glob, against Finding.subject
-    justification: str
-    who: str
-    expires: datetime.date           # valid through this day (UTC), expired after it
-    line: int                        # where it starts in its file
-
-    def matches(self, finding: Finding) -> bool:
-        return finding.id == self.id and match(self.host, finding.host) \
-            and match(self.subject, finding.subject)
-
-    def expired(self, today: datetime.date) -> bool:
-        return today > self.expires
-
 
 @dataclass(frozen=True)
 class WaiverFile:
     file: str                        # as given (or the default `waivers.yaml`)
     waivers: tuple[Waiver, ...]
-
-
-@dataclass(frozen=True)
-class Waived:
-    """What a waived finding carries (Finding.waiver, report 1.4)."""
-
-    status: str                      # the finding's status before the waiver
-    justification: str
-    who: str
-    expires: str                     # YYYY-MM-DD
-    file: str
-    line: int
-
-
-@dataclass(frozen=True)
-class WaiverUse:
-    """A waiver and the findings it matched (waived, or would have if not expired)."""
-
-    waiver: Waiver
-    findings: tuple[tuple[str, str, str], ...] = ()     # (host, id, subject)
-
-
-@dataclass(frozen=True)
-class WaiverReport:
-    """The report's `waivers` section."""
-
-    file: str
-    applied: tuple[WaiverUse, ...]
-    expired: tuple[WaiverUse, ...]
-    unused: tuple[WaiverUse, ...]
-
-    def to_dict(self) -> dict:
-        def one(use: WaiverUse) -> dict:
-            w = dataclasses.asdict(use.waiver)
-            w["expires"] = use.waiver.expires.isoformat()
-            w["findings"] = [{"host": h, "id": i, "subject": s} for h, i, s in use.findings]
-            return w
-        return {"file": self.file, "applied": [one(u) for u in self.applied],
-                "expired": [one(u) for u in self.expired],
-                "unused": [one(u) for u in self.unused]}
-
-
-def match(pattern: str, value: str) -> bool:
-    """Exact, or an fnmatch glob (case-sensitive)."""
-    return pattern == value or fnmatch.fnmatchcase(value, pattern)
 
 
 def utc_today() -> datetime.date:
@@ -182,12 +95,13 @@ def locate(option: str | Path | None, disabled: bool) -> Path | None:
 
 def finding_ids(pol: Policy) -> dict[str, tuple[str, ...]]:
     """Every finding id the audit reports: check id -> its sub-tags (the bare id is a
-    finding id too). The policy's hazards and tensor expectations name their sub-tags."""
-    out = {m.ID: SUB_TAGS.get(m.ID, ()) for m in CHECKS}
-    out["probe"] = SUB_TAGS["probe"]
+    finding id too). Each check declares its own (`SUB_TAGS`, auditor/checks/*.py), the
+    probes theirs (model.PROBES); the policy's hazards, tensor expectations and resolved
+    flags name theirs."""
+    out = {m.ID: tuple(m.SUB_TAGS) for m in CHECKS}
+    out["probe"] = PROBES
     out["hazard"] = tuple(h.id for h in pol.hazards)
     out["checkpoint-dtypes"] += tuple(e.id for e in pol.expectations)
-    out["pd-consistency"] = tuple(fact.partition(".")[2] for fact, _ in pd_consistency.FIELDS)
     if "resolved-args" in out:
         out["resolved-args"] = tuple(flag.name for flag in pol.resolved_args)
     return out

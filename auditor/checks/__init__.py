@@ -1,4 +1,5 @@
-"""The checks, one module each (id, severity, docstring = description, `check(ctx)`)."""
+"""The checks, one module each (id, severity, tags, sub-tags, docstring = description,
+`check(ctx)`): CHECKS is their registry."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """What every check gets (AuditContext) and gives back (Finding records, via `make`).
 
-A check is one module (ansible-lint style): `ID`, `SEVERITY`, a docstring that is its
-description, and `check(ctx) -> list[Finding]`. Checks never print and never raise for a
-missing fact: a fact that cannot be had is a finding with status `unknown` and the reason.
+A check is one module (ansible-lint style): `ID`, `SEVERITY`, `TAGS`, `SUB_TAGS` (the
+`sub=` of its findings: `ID[SUB]` is what a waiver names, auditor/waivers.py), a docstring
+that is its description, and `check(ctx) -> list[Finding]`. Checks never print and never
+raise for a missing fact: a fact that cannot be had is a finding with status `unknown` and
+the reason.
 """
 
 from __future__ import annotations

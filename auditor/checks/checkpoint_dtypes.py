@@ -21,6 +21,7 @@ from .base import AuditContext, Reporter
 ID = "checkpoint-dtypes"
 SEVERITY = "medium"
 TAGS = ("checkpoint", "numerics")
+SUB_TAGS = ("narrowed",)   # and each tensor expectation's id (the policy's)
 finding = Reporter(ID, SEVERITY)
 
 

@@ -18,6 +18,7 @@ from .base import AuditContext, Reporter
 ID = "cohort-parity"
 SEVERITY = "medium"
 TAGS = ("cohort", "fleet")
+SUB_TAGS = ("tree",)   # and a patch name each (not waivable yet)
 finding = Reporter(ID, SEVERITY)
 ASPECTS = ("applied", "loaded", "gates")     # per patch; the tree is compared on its own
 Key = tuple[str, str, str]                     # (server, aspect, what it is compared within)

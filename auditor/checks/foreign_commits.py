@@ -13,6 +13,7 @@ from .base import AuditContext, Reporter
 ID = "foreign-commits"
 SEVERITY = "medium"
 TAGS = ("tree", "series")
+SUB_TAGS = ("commit", "unknown-patch", "version")
 finding = Reporter(ID, SEVERITY)
 
 

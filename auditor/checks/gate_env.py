@@ -17,6 +17,7 @@ from .base import AuditContext, Reporter, shown
 ID = "gate-env"
 SEVERITY = "high"
 TAGS = ("env", "systemd", "gates")
+SUB_TAGS = ("children", "process", "unused")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -15,6 +15,7 @@ from .base import AuditContext, Reporter, shown
 ID = "gpu-arch"
 SEVERITY = "medium"
 TAGS = ("gpu",)
+SUB_TAGS = ("device-order", "patches")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -17,6 +17,7 @@ from .base import AuditContext, Reporter, shown
 ID = "hazard"
 SEVERITY = "high"
 TAGS = ("upstream",)
+SUB_TAGS = ()   # each hazard's id (the policy's)
 finding = Reporter(ID, SEVERITY)
 
 

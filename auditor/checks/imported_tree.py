@@ -17,6 +17,7 @@ from .base import AuditContext, Reporter
 ID = "imported-tree"
 SEVERITY = "high"
 TAGS = ("tree", "python")
+SUB_TAGS = ("inventory-python",)
 finding = Reporter(ID, SEVERITY)
 
 

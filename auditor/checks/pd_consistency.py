@@ -21,6 +21,7 @@ FIELDS = (("server.model_path", "fail"), ("checkpoint.model_type", "fail"),
           ("server.quantization", "fail"), ("checkpoint.quant_algo", "fail"),
           ("server.kv_cache_dtype", "fail"), ("server.page_size", "fail"),
           ("server.disaggregation_transfer_backend", "fail"), ("server.tp_size", "warn"))
+SUB_TAGS = tuple(fact.partition(".")[2] for fact, _ in FIELDS)   # one per field
 
 
 def check(ctx: AuditContext) -> list[Finding]:

@@ -15,6 +15,7 @@ from .base import AuditContext, Reporter
 ID = "pinned-base"
 SEVERITY = "high"
 TAGS = ("tree", "upstream")
+SUB_TAGS = ("version", "files")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -26,6 +26,7 @@ from .base import AuditContext, Reporter, shown
 ID = "resolved-args"
 SEVERITY = "medium"
 TAGS = ("server", "backends")
+SUB_TAGS = ()   # each flag's name (the policy's resolved_args)
 finding = Reporter(ID, SEVERITY)
 
 

@@ -18,6 +18,7 @@ from .base import AuditContext, Reporter
 ID = "secrets"
 SEVERITY = "medium"
 TAGS = ("security",)
+SUB_TAGS = ("cmdline", "server-info", "env-file", "config-file", "unit-file")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -12,6 +12,7 @@ from .base import AuditContext, Reporter
 ID = "server-health"
 SEVERITY = "high"
 TAGS = ("systemd", "http")
+SUB_TAGS = ("unit", "health")
 finding = Reporter(ID, SEVERITY)
 
 

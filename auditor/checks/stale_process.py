@@ -17,6 +17,7 @@ from .base import AuditContext, Reporter
 ID = "stale-process"
 SEVERITY = "high"
 TAGS = ("process", "restart")
+SUB_TAGS = ("apply", "changed", "daemon-reload")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -28,6 +28,7 @@ from .base import AuditContext, Reporter
 ID = "trace"
 SEVERITY = "medium"
 TAGS = ("process", "observed")
+SUB_TAGS = ("inert-but-ran", "declared-active-not-run", "path-disagrees", "unavailable")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -13,6 +13,7 @@ from .base import AuditContext, Reporter
 ID = "tree-drift"
 SEVERITY = "high"
 TAGS = ("tree",)
+SUB_TAGS = ("unmanaged", "hand-edit", "dirty", "interrupted")
 finding = Reporter(ID, SEVERITY)
 
 

@@ -303,16 +303,15 @@ def _render_status(hs: "HostStatus") -> None:
     console.print(f"  state version: {st.state_version or '-'}  tool {st.tool_version or '-'}"
                   f"  updated {st.updated or '-'}", markup=False)
     console.print(f"  applied ({len(st.applied)}): "
-                  + (", ".join(a["name"] for a in st.applied) or "none"), markup=False)
-    for items, label in ((st.drift, "drift"), (st.dirty, "uncommitted"),
+                  + (", ".join(a.name for a in st.applied) or "none"), markup=False)
+    for items, label in (([d.path for d in st.drift], "drift"), (st.dirty, "uncommitted"),
                          (st.foreign_commits, "foreign commits")):
         for item in items:
-            text = item["path"] if isinstance(item, dict) else item
-            console.print(f"  [red]{label}[/red]: {esc(text)}")
+            console.print(f"  [red]{label}[/red]: {esc(item)}")
     if st.interrupted:
         i = st.interrupted
-        console.print(f"  [yellow]interrupted {esc(i['op'])} ({esc(i['id'])}): "
-                      f"{esc(i['next'])}[/yellow]")
+        console.print(f"  [yellow]interrupted {esc(i.op)} ({esc(i.id)}): "
+                      f"{esc(i.next)}[/yellow]")
     interp = st.interpreter
     if interp:
         where = interp.imports or interp.error or "no sglang"

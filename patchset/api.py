@@ -20,10 +20,10 @@ from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetErro
 from patchset.series.model import Patch, Series
 from patchset.series.selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
 
+from patchset.agent.lib.records import StatusRecord, UnitStatus
+
 if TYPE_CHECKING:
-    # Imported where used: `list`, `show` and `plan` load neither (the agent's records
-    # and the transport's tarfile are a few ms of a command that takes about 100).
-    from patchset.agent.lib.records import StatusRecord, UnitStatus
+    # Imported where used: `list`, `show` and `plan` do not load the transport's tarfile.
     from .transport import Transport
 
 
@@ -198,11 +198,10 @@ class HostStatus:
 
 
 def status(series: Series, transport: Transport) -> HostStatus:
-    from patchset.agent.lib.records import StatusRecord
     from .transport import raise_for
     request, files = make_request(series, "status")
-    result = raise_for(transport.host, transport.call(request, files))
-    record = StatusRecord.from_json(result.to_json())
+    record = raise_for(transport.host, transport.call(request, files))
+    assert isinstance(record, StatusRecord), record     # the wire decoded the op's result
     return HostStatus(host=transport.host, record=record,
                       pinned_base=_pinned_summary(series, record))
 

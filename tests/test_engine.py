@@ -168,7 +168,7 @@ def test_hand_edit_refused_with_diff_and_kept(series, target: Path) -> None:
     assert chat.read_bytes() == edited
     st = api.status(series, LocalTransport(target))
     assert st.has_findings()
-    found = st.record.dirty if (target / ".git").exists() else [d["path"] for d in st.record.drift]
+    found = st.record.dirty if (target / ".git").exists() else [d.path for d in st.record.drift]
     assert any("serving_chat.py" in f for f in found)
 
 
@@ -298,7 +298,7 @@ def test_kill_at_any_point_then_status_and_apply(series, target: Path, tmp_path:
     interrupted = proc.returncode == -9 and crash != "staged"   # killed after the journal
     assert (st.record.interrupted is not None) == interrupted
     if interrupted:
-        assert st.record.interrupted["next"] == "the next apply or revert finishes it"
+        assert st.record.interrupted.next == "the next apply or revert finishes it"
 
     result = do_apply(series, target)
     assert result.ok, result.error

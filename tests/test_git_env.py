@@ -66,7 +66,7 @@ def test_apply_status_revert_ignore_a_redirecting_environment(decoy: Path, serie
     assert applied.ok, applied.error
     status = api.status(series, LocalTransport(tree))
     assert status.error is None and not status.has_findings(), status.to_json()
-    assert [a["name"] for a in status.record.applied] == [p.name for p in chosen.patches]
+    assert [a.name for a in status.record.applied] == [p.name for p in chosen.patches]
     reverted = api.revert(series, [chosen.patches[-1].name], LocalTransport(tree))
     assert reverted.ok, reverted.error
     clean = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True,

@@ -65,8 +65,36 @@ def test_no_agent_op_function_returns_a_bare_dict() -> None:
         found = {f.name: ast.unparse(f.returns) for f in ast.walk(tree)
                  if isinstance(f, ast.FunctionDef) and f.name in names}
         assert set(found) == names, module
-        assert all(("wire." in r or "Result" in r) and r != "dict"
+        assert all(any(word in r for word in ("wire.", "Result", "Record")) and r != "dict"
                    for r in found.values()), (module, found)
+
+
+def test_the_status_record_crosses_the_wire_typed_to_its_leaves() -> None:
+    """status's result is the record the controller renders (no re-encoding on the way):
+    its units, drift, applied patches, interpreter and interrupted work are records the
+    wire checks field by field, and they come back as records, not dicts."""
+    from patchset.agent.lib.records import (Drift, Interpreter, Interrupted, StatusPatch,
+                                            StatusRecord, UnitStatus)
+    record = StatusRecord(
+        target="/t", kind="git", layout="wheel", managed=True,
+        applied=[StatusPatch(name="a", sha256="ab" * 32, gate={"env": "X", "on": "1"})],
+        drift=[Drift(path="python/x.py", expected="e" * 40, found=None)],
+        interrupted=Interrupted(op="apply", id="t1", files=2, git_locks=None, next="n"),
+        interpreter=Interpreter(python="/usr/bin/python3", managed=True),
+        units=[UnitStatus(unit="u", role="decode", path="/etc/u", main_pid=7)])
+    back = wire.decode_result("status", json.loads(json.dumps(wire.encode_result(record))))
+    assert back == record and isinstance(back.units[0], UnitStatus)
+    assert isinstance(back.drift[0], Drift) and back.drift[0].found is None
+    bad = wire.encode_result(record)
+    bad["units"][0]["main_pid"] = "7"
+    with pytest.raises(wire.WireError, match=r"^the status result\.units\[0\]\.main_pid: "
+                                             r"expected int, got str$"):
+        wire.decode_result("status", bad)
+    bad = wire.encode_result(record)
+    del bad["drift"][0]["found"]
+    with pytest.raises(wire.WireError, match=r"^the status result\.drift\[0\]: missing field "
+                                             r"'found'$"):
+        wire.decode_result("status", bad)
 
 
 def sample(op: str) -> tuple[wire.Request, wire.Result]:
@@ -128,7 +156,7 @@ def test_a_missing_or_unknown_field_is_refused() -> None:
         wire.decode_request(missing)
     with pytest.raises(wire.WireError, match=r"^the revert request: unknown field 'nmaes'$"):
         wire.decode_request(dict(sent, nmaes=["a"]))
-    result = wire.encode_result(wire.StatusResult())
+    result = wire.encode_result(wire.StatusRecord())
     with pytest.raises(wire.WireError, match=r"^the status result: missing field 'units'$"):
         wire.decode_result("status", {k: v for k, v in result.items() if k != "units"})
     with pytest.raises(wire.WireError, match=r"^the status result: unknown field 'extra'$"):

@@ -86,13 +86,13 @@ def starting(t: DrivenHost, status: StatusRecord) -> list[str]:
     known = t.series.by_name()
     names = []
     for a in status.applied:
-        patch = known.get(a["name"])
-        if patch is None or patch.sha256 != a.get("sha256"):
-            raise UsageError(f"{t.host.name}: it runs {a['name']} sha256 "
-                             f"{str(a.get('sha256'))[:12]}, which is not the series' "
+        patch = known.get(a.name)
+        if patch is None or patch.sha256 != a.sha256:
+            raise UsageError(f"{t.host.name}: it runs {a.name} sha256 "
+                             f"{a.sha256[:12]}, which is not the series' "
                              f"{'file' if patch else 'patch'} ({t.series.manifest}); apply "
                              "the series there first so it can be restored exactly")
-        names.append(a["name"])
+        names.append(a.name)
     if not status.managed:
         raise UsageError(f"{t.host.name}: {t.tree} is not managed by patchset: apply first")
     return names

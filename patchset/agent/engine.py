@@ -43,8 +43,8 @@ from .lib.crashpoint import crash_point
 from .lib.gitenv import run_git
 from .lib.gitblob import EngineError, blob_id, file_diff, git, git_apply, text_or_refuse
 from .lib.protocol import Events, ended, killed
-from .lib.records import (AppliedPatch, Interpreter, StateError, StatusRecord, TreeState,
-                          UnitStatus, now_stamp)
+from .lib.records import (AppliedPatch, Drift, Interpreter, Interrupted, StateError,
+                          StatusPatch, StatusRecord, TreeState, UnitStatus, now_stamp)
 
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
@@ -280,14 +280,14 @@ def now() -> str:
 
 # ---------------------------------------------------------------- drift and dirt
 
-def drift(target: Target, state: TreeState | None) -> list[dict]:
+def drift(target: Target, state: TreeState | None) -> list[Drift]:
     """Files the series manages whose content is not what the state says it should be."""
     expected = state.files if state else {}
     out = []
     for path, blob in sorted(expected.items()):
         found = file_blob(target.disk(path))
         if found != blob:
-            out.append({"path": path, "expected": blob, "found": found})
+            out.append(Drift(path=path, expected=blob, found=found))
     return out
 
 
@@ -323,14 +323,14 @@ def foreign_commits(target: Target, state: TreeState | None) -> list[str]:
     return out.splitlines() or [f"HEAD moved from {applied[:12]} to {head[:12]}"]
 
 
-def show_diff(target: Target, drifted: list[dict]) -> str:
+def show_diff(target: Target, drifted: list[Drift]) -> str:
     lines: list[str] = []
     for item in drifted:
-        old = target.read_blob(item["expected"]) if item["expected"] else b""
-        new = target.disk(item["path"]).read_bytes() if item["found"] else b""
+        old = target.read_blob(item.expected) if item.expected else b""
+        new = target.disk(item.path).read_bytes() if item.found else b""
         lines += difflib.unified_diff(old.decode(errors="replace").splitlines(),
                                       new.decode(errors="replace").splitlines(),
-                                      f"a/{item['path']}", f"b/{item['path']}", lineterm="")
+                                      f"a/{item.path}", f"b/{item.path}", lineterm="")
     return "\n".join(lines[:DIFF_LINES] + (["..."] if len(lines) > DIFF_LINES else []))
 
 
@@ -352,7 +352,7 @@ def refuse_if_dirty(target: Target, state: TreeState | None, paths: list[str]) -
     drifted = drift(target, state)
     if drifted:
         raise EngineError(f"target {target.root} has hand edits in "
-                          f"{', '.join(d['path'] for d in drifted[:5])}: restore or capture "
+                          f"{', '.join(d.path for d in drifted[:5])}: restore or capture "
                           "them first (nothing was changed)", details=show_diff(target, drifted))
 
 
@@ -651,14 +651,14 @@ def _shown(target: Target, paths: list[Path]) -> str:
                      else str(p) for p in paths)
 
 
-def interrupted(target: Target, plan: Recovery) -> dict | None:
+def interrupted(target: Target, plan: Recovery) -> Interrupted | None:
     """status's `interrupted`: the journal's transaction, or the stale git locks alone."""
     if plan.journal is None and not (plan.stale or plan.busy):
         return None
     journal = plan.journal or {"op": "git", "id": "no journal", "files": {}}
-    return {"op": journal["op"], "id": journal["id"], "files": len(journal["files"]),
-            "git_locks": _shown(target, plan.stale) or None,
-            "next": next_step(target, plan)}
+    return Interrupted(op=journal["op"], id=journal["id"], files=len(journal["files"]),
+                       git_locks=_shown(target, plan.stale) or None,
+                       next=next_step(target, plan))
 
 
 def recover(target: Target) -> dict | None:
@@ -887,12 +887,12 @@ def _dependents(applied: list[AppliedPatch], remove: set[str]) -> list[str]:
     return out
 
 
-def op_status(target: Target, request: wire.StatusRequest) -> wire.StatusResult:
+def op_status(target: Target, request: wire.StatusRequest) -> StatusRecord:
     """Read-only: never takes the lock, never repairs; says what the next command will do."""
     state = target.state()
     plan = recovery_plan(target)
     journal = plan.journal
-    return wire.StatusResult(**StatusRecord(
+    return StatusRecord(
         target=str(target.root), kind="git" if target.is_git else "plain",
         layout=target.layout, managed=state is not None,
         state_version=state.format if state else None,
@@ -900,7 +900,8 @@ def op_status(target: Target, request: wire.StatusRequest) -> wire.StatusResult:
         updated=state.updated if state else None,
         upstream=state.upstream if state else None,
         base=state.base if state else None,
-        applied=[{k: getattr(a, k) for k in ("name", "sha256", "commit", "gate", "path", "tier")}
+        applied=[StatusPatch(name=a.name, sha256=a.sha256, commit=a.commit, gate=a.gate,
+                             path=a.path, tier=a.tier)
                  for a in (state.applied if state else [])],
         head=target.head(),
         drift=[] if journal else drift(target, state),
@@ -911,7 +912,7 @@ def op_status(target: Target, request: wire.StatusRequest) -> wire.StatusResult:
         bisect=read_json(target.bisect_file),
         interpreter=interpreter_facts(target, request.python),
         units=unit_facts(target, state),
-    ).to_json())
+    )
 
 
 # ---------------------------------------------------------------- bisect record
@@ -999,11 +1000,11 @@ def _capture_plain(target: Target, state: TreeState) -> tuple[str, dict]:
     """Managed files that differ from the state, diffed against the stored expected blob."""
     parts, files = [], {}
     for item in drift(target, state):
-        old = target.read_blob(item["expected"]) if item["expected"] else None
-        disk_path = target.disk(item["path"])
-        new = disk_path.read_bytes() if item["found"] else None
-        parts.append(file_diff(item["path"], old, new, _mode(disk_path)))
-        files[item["path"]] = {"pre": item["expected"], "post": item["found"]}
+        old = target.read_blob(item.expected) if item.expected else None
+        disk_path = target.disk(item.path)
+        new = disk_path.read_bytes() if item.found else None
+        parts.append(file_diff(item.path, old, new, _mode(disk_path)))
+        files[item.path] = {"pre": item.expected, "post": item.found}
     return "".join(parts), files
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypedDict
+from typing import Any, Dict, List, Optional
+
+from .message import Message, Result
 
 STATE_FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -29,35 +31,6 @@ def now_stamp() -> str:
     """The state's `updated` stamp: UTC, milliseconds (`2026-12-01T14:00:00.123Z`)."""
     t = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
-
-
-# ---------------------------------------------------------------- requests
-
-class Request(TypedDict, total=False):
-    """What the controller sends (patchset/transport.py stamps protocol and target)."""
-
-    protocol: int
-    op: str                   # apply revert status capture bisect-mark facts deploy audit
-    target: str               # the tree on the host
-    tree: str
-    git_prefix: str
-    package: str
-    tool_version: str
-    python: str
-    lock_wait: float
-    dry_run: bool
-    provision: bool
-    bisect: str | None
-    patches: list[dict]       # apply: the desired series (api.patch_spec)
-    names: list[str]          # revert
-    with_dependents: bool
-    base_files: dict[str, str | None]
-    upstream: dict
-    base: dict
-    record: dict | None       # bisect-mark
-    roles: dict[str, dict]    # facts, deploy
-    state_sha256: str
-    redact: list[str]
 
 
 # ---------------------------------------------------------------- the tree's state
@@ -135,76 +108,101 @@ class TreeState:
 
 
 # ---------------------------------------------------------------- status
+# The status op's result (StatusRecord) and the records it holds: each a Message, so the
+# wire checks them down to their leaves, and the controller reads attributes, never keys.
+# Annotations are typing's (the agent's wire reads them on Python 3.8).
 
 @dataclass
-class UnitStatus:
+class UnitStatus(Message):
     """A systemd unit that serves the tree, and whether it runs the tree as it is now."""
 
     unit: str
     role: str
     path: str
-    active: str | None = None
-    sub: str | None = None
+    active: Optional[str] = None
+    sub: Optional[str] = None
     main_pid: int = 0
-    started: str | None = None
-    tree_changed: str | None = None
-    running_patches: str | None = None
+    started: Optional[str] = None
+    tree_changed: Optional[str] = None
+    running_patches: Optional[str] = None
     patches: str = ""
     stale: bool = False
     stale_reason: str = ""
     need_daemon_reload: bool = False
-    enabled: str | None = None
-    imports: str | None = None          # the sglang its process imports (find_spec, as run)
-    managed: bool | None = None         # ... is it this tree? (None: not known)
+    enabled: Optional[str] = None
+    imports: Optional[str] = None          # the sglang its process imports (find_spec, as run)
+    managed: Optional[bool] = None         # ... is it this tree? (None: not known)
 
 
 @dataclass
-class Interpreter:
+class Interpreter(Message):
     """Which tree the server's interpreter imports (find_spec)."""
 
     python: str
-    imports: str | None = None
-    managed: bool | None = None
-    expected: str | None = None
-    error: str | None = None
+    imports: Optional[str] = None
+    managed: Optional[bool] = None
+    expected: Optional[str] = None
+    error: Optional[str] = None
 
 
 @dataclass
-class StatusRecord:
+class StatusPatch(Message):
+    """One applied patch as status shows it (the state's AppliedPatch, less its files)."""
+
+    name: str
+    sha256: str
+    commit: Optional[str] = None
+    gate: Optional[Dict[str, str]] = None       # {"env": NAME, "on": VALUE}
+    path: str = "both"
+    tier: Optional[str] = None
+
+
+@dataclass
+class Drift(Message):
+    """A file the state names whose content is not what the state recorded."""
+
+    path: str
+    expected: Optional[str]                     # the blob the state recorded (None: absent)
+    found: Optional[str]                        # the blob there now (None: absent)
+
+
+@dataclass
+class Interrupted(Message):
+    """A transaction a kill left (the journal's), or stale git locks alone, and which
+    command finishes it."""
+
+    op: str
+    id: str
+    files: int
+    git_locks: Optional[str]
+    next: str
+
+
+@dataclass
+class StatusRecord(Result):
     """The engine's `status` of one tree: state, drift, hand edits, interrupted work,
-    the units serving it and the interpreter. Read-only on the host."""
+    the units serving it and the interpreter. Read-only on the host; the status op's
+    result as it crosses the wire, and the record the controller renders."""
 
-    target: str
-    kind: str
-    layout: str
-    managed: bool
-    head: str | None = None
-    state_version: int | None = None
-    tool_version: str | None = None
-    updated: str | None = None
-    upstream: dict | None = None
-    base: dict | None = None
-    applied: list[dict] = field(default_factory=list)  # name sha256 commit gate path tier
-    drift: list[dict] = field(default_factory=list)
-    dirty: list[str] = field(default_factory=list)
-    foreign_commits: list[str] = field(default_factory=list)
-    interrupted: dict | None = None
-    locked_by: str | None = None
-    bisect: dict | None = None
-    interpreter: Interpreter | None = None
-    units: list[UnitStatus] = field(default_factory=list)
-
-    @classmethod
-    def from_json(cls, data: dict) -> StatusRecord:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        if isinstance(values.get("interpreter"), dict):
-            values["interpreter"] = Interpreter(**_known(Interpreter, values["interpreter"]))
-        values["units"] = [UnitStatus(**_known(UnitStatus, u)) for u in values.get("units") or []]
-        return cls(**values)
-
-    def to_json(self) -> dict:
-        return asdict(self)
+    target: str = ""
+    kind: str = ""
+    layout: str = ""
+    managed: bool = False
+    head: Optional[str] = None
+    state_version: Optional[int] = None
+    tool_version: Optional[str] = None
+    updated: Optional[str] = None
+    upstream: Optional[Dict[str, str]] = None           # {"name", "version"}
+    base: Optional[Dict[str, Any]] = None               # the state's {"commit", "files"}
+    applied: List[StatusPatch] = field(default_factory=list)
+    drift: List[Drift] = field(default_factory=list)
+    dirty: List[str] = field(default_factory=list)
+    foreign_commits: List[str] = field(default_factory=list)
+    interrupted: Optional[Interrupted] = None
+    locked_by: Optional[str] = None
+    bisect: Optional[Dict[str, Any]] = None             # the bisect record (isolate's)
+    interpreter: Optional[Interpreter] = None
+    units: List[UnitStatus] = field(default_factory=list)
 
     def has_findings(self) -> bool:
         """Drift, hand edits, foreign commits, interrupted work, a bisect holding the host,
@@ -215,10 +213,5 @@ class StatusRecord:
                 self.drift or self.dirty or self.foreign_commits or self.interrupted
                 or self.bisect)
 
-    def stale_units(self) -> list[UnitStatus]:
+    def stale_units(self) -> List[UnitStatus]:
         return [u for u in self.units if u.stale]
-
-
-def _known(cls: type, data: dict) -> dict:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}

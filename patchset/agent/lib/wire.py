@@ -20,87 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union, get_type_hints
 
+from .message import Failure, Message, Result, WireError
 from .protocol import PROTOCOL
+from .records import StatusRecord
 
-M = TypeVar("M", bound="Message")
-
-
-class WireError(ValueError):
-    """A request or result that is not what this protocol says (one line, names the field).
-    `kind` is the error kind the agent answers with (protocol, or usage for an unknown op)."""
-
-    def __init__(self, message: str, kind: str = "protocol") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class Message:
-    """A dataclass that crosses the wire; subclasses are @dataclass."""
-
-    @classmethod
-    def from_json(cls: Type[M], data: Any, where: str = "") -> M:
-        where = where or cls.__name__
-        if not isinstance(data, dict):
-            raise WireError(f"{where}: expected a JSON object, got {_kind(data)}")
-        hints = _hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]   # type: ignore[arg-type]
-        extra = sorted(set(data) - set(names))
-        if extra:
-            raise WireError(f"{where}: unknown field {extra[0]!r}")
-        values = {}
-        for name in names:
-            if name not in data:
-                raise WireError(f"{where}: missing field {name!r}")
-            values[name] = _check(data[name], hints[name], f"{where}.{name}")
-        return cls(**values)
-
-    def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)     # type: ignore[call-overload]
-
-
-_HINTS: Dict[type, Dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> Dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _check(value: Any, hint: Any, where: str) -> Any:
-    """`value` if it is exactly of type `hint`, else WireError naming `where`."""
-    origin = getattr(hint, "__origin__", None)
-    args = getattr(hint, "__args__", ())
-    if hint is Any:
-        return value
-    if isinstance(hint, type) and issubclass(hint, Message):   # a nested record
-        return hint.from_json(value, where)
-    if origin is Union:                                   # Optional[X]
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _check(value, inner[0], where)
-    if origin in (list, List):
-        if type(value) is not list:
-            raise WireError(f"{where}: expected a list, got {_kind(value)}")
-        return [_check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)] \
-            if args else value
-    if origin in (dict, Dict):
-        if type(value) is not dict:
-            raise WireError(f"{where}: expected an object, got {_kind(value)}")
-        for key, item in value.items():
-            _check(key, args[0], f"{where} key")
-            _check(item, args[1], f"{where}[{key!r}]")
-        return value
-    if hint is float and type(value) is int:
-        return float(value)
-    if type(value) is not hint:
-        raise WireError(f"{where}: expected {hint.__name__}, got {_kind(value)}")
-    return value
 
 
 # ---------------------------------------------------------------- requests
@@ -215,20 +138,6 @@ class AdoptRequest(Request):
 # ---------------------------------------------------------------- results
 
 @dataclasses.dataclass
-class Result(Message):
-    """An op's successful result (`{"ok": true, ...}` on the wire)."""
-
-
-@dataclasses.dataclass
-class Failure(Message):
-    """The one shape of a failed result, for every op (`{"ok": false, "error": ...}`)."""
-
-    kind: str
-    message: str
-    details: str = ""
-
-
-@dataclasses.dataclass
 class TreeResult(Result):
     """What the engine adds to every op it runs under the tree lock."""
 
@@ -249,31 +158,6 @@ class ApplyResult(TreeResult):
 @dataclasses.dataclass
 class RevertResult(ApplyResult):
     reverted: List[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class StatusResult(Result):
-    """records.StatusRecord's fields, its nested records as objects."""
-
-    target: str = ""
-    kind: str = ""
-    layout: str = ""
-    managed: bool = False
-    head: Optional[str] = None
-    state_version: Optional[int] = None
-    tool_version: Optional[str] = None
-    updated: Optional[str] = None
-    upstream: Optional[Dict[str, Any]] = None
-    base: Optional[Dict[str, Any]] = None
-    applied: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    drift: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
-    dirty: List[str] = dataclasses.field(default_factory=list)
-    foreign_commits: List[str] = dataclasses.field(default_factory=list)
-    interrupted: Optional[Dict[str, Any]] = None
-    locked_by: Optional[str] = None
-    bisect: Optional[Dict[str, Any]] = None
-    interpreter: Optional[Dict[str, Any]] = None
-    units: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -391,7 +275,7 @@ _ENGINE, _DEPLOYER, _GATHERER, _ADOPTER = "the engine", "the deploy runner", "th
 OPS: Dict[str, Op] = {op.name: op for op in (
     Op("apply", ApplyRequest, ApplyResult, "engine", "op_apply", _ENGINE),
     Op("revert", RevertRequest, RevertResult, "engine", "op_revert", _ENGINE),
-    Op("status", StatusRequest, StatusResult, "engine", "op_status", _ENGINE),
+    Op("status", StatusRequest, StatusRecord, "engine", "op_status", _ENGINE),
     Op("capture", CaptureRequest, CaptureResult, "engine", "op_capture", _ENGINE),
     Op("bisect-mark", BisectMarkRequest, BisectMarkResult, "engine", "op_bisect_mark", _ENGINE),
     Op("facts", FactsRequest, FactsResult, "deployer", "op_facts", _DEPLOYER),

@@ -1,9 +1,10 @@
 """What hosts.yaml may say about a host's units (`serving:`, `roles.ROLE:`): the settings
-schema and the value rules of systemd unit and env files.
+schema (every setting's rule and default), one role's settings as a typed record
+(RoleSettings, the defaults filled in), and the value rules of systemd unit and env files.
 
 It sits in the connection layer because the inventory loads with it: a bad value is a
 `file:line: field` error before any host is contacted, whatever the command. The unit
-deployer (deploy/units.py) renders from the same schema and checks every value again at
+deployer (deploy/units.py) renders from the RoleSettings of each role, checked again at
 render time (gates and patch names come from the host).
 """
 
@@ -26,7 +27,7 @@ CONFIG_SUFFIX = ".secrets.yaml"
 SECRET_SETTINGS = {"api_key": "api-key", "admin_api_key": "admin-api-key"}
 MAX_SECRET = 4096
 
-MIN_TIMEOUT_START = 1800      # model load of a large checkpoint
+MIN_TIMEOUT_START = 1800      # model load of a large checkpoint (and the default)
 MIN_NOFILE = 65535            # SGLang's set_ulimit() raises the soft limit to this
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_TRANSFER_BACKEND = "mooncake"
@@ -257,7 +258,13 @@ class Setting:
     check: Callable[[Any], Any]
     roles: tuple[str, ...]        # where it may appear under roles.ROLE
     shared: bool                  # may appear under the host's `serving:`
-    help: str
+    help: str                     # [a default that depends on more than this setting]
+    default: Any = None           # when hosts.yaml does not set it; None: required, absent
+    router_default: Any = None    # the router's, where it differs from `default`
+
+    def default_for(self, role: str) -> Any:
+        return self.router_default if role == "router" and self.router_default is not None \
+            else self.default
 
 
 S, A = SERVER_ROLES, ROLES
@@ -265,37 +272,39 @@ SCHEMA: dict[str, Setting] = {
     "gpus": Setting(_pattern(GPUS, "a GPU list like \"0,1,2,3\""), S, False,
                     "CUDA_VISIBLE_DEVICES (with CUDA_DEVICE_ORDER=PCI_BUS_ID)"),
     "port": Setting(_port, A, False, "--port (and the /health URL)"),
-    "host": Setting(_pattern(BIND, "a bind address"), A, True,
-                    "--host [127.0.0.1; router 0.0.0.0]"),
+    "host": Setting(_pattern(BIND, "a bind address"), A, True, "--host",
+                    default="127.0.0.1", router_default="0.0.0.0"),
     "tp": Setting(_integer(1, 4096, "a TP size"), S, True, "--tp-size [number of gpus]"),
-    "bootstrap_port": Setting(_port, ("prefill",), False,
-                              f"--disaggregation-bootstrap-port [{DEFAULT_BOOTSTRAP_PORT}]"),
+    "bootstrap_port": Setting(_port, ("prefill",), False, "--disaggregation-bootstrap-port",
+                              default=DEFAULT_BOOTSTRAP_PORT),
     "model_path": Setting(_pattern(MODEL, "a model path or hub id (no spaces or quotes)"),
                           S, True, "--model-path (required)"),
     "transfer_backend": Setting(_pattern(TOKEN, "a transfer backend name"), S, True,
-                                f"--disaggregation-transfer-backend "
-                                f"[{DEFAULT_TRANSFER_BACKEND}]"),
+                                "--disaggregation-transfer-backend",
+                                default=DEFAULT_TRANSFER_BACKEND),
     "ib_device": Setting(_pattern(TOKEN, "an IB device name"), S, True,
                          "--disaggregation-ib-device"),
-    "extra_args": Setting(_args, A, False, "more arguments, one list item per word"),
-    "env": Setting(_env, A, True, "more environment (serving env, then role env)"),
+    "extra_args": Setting(_args, A, False, "more arguments, one list item per word",
+                          default=()),
+    "env": Setting(_env, A, True, "more environment (serving env, then role env)",
+                   default={}),
     "user": Setting(_pattern(USER, "a user name"), A, True, "User= [root]"),
     "group": Setting(_pattern(USER, "a group name"), A, True, "Group="),
     "timeout_start_sec": Setting(_integer(MIN_TIMEOUT_START, None, "a timeout in seconds"),
-                                 A, True, f"TimeoutStartSec= [{MIN_TIMEOUT_START}]"),
+                                 A, True, "TimeoutStartSec=", default=MIN_TIMEOUT_START),
     "timeout_stop_sec": Setting(_integer(1, None, "a timeout in seconds"), A, True,
-                                "TimeoutStopSec= [120]"),
-    "restart_sec": Setting(_integer(0, None, "seconds"), A, True, "RestartSec= [30]"),
+                                "TimeoutStopSec=", default=120),
+    "restart_sec": Setting(_integer(0, None, "seconds"), A, True, "RestartSec=", default=30),
     "limit_nofile": Setting(_integer(MIN_NOFILE, None, "a file limit", infinity=True), A,
-                            True, "LimitNOFILE= [1048576]"),
+                            True, "LimitNOFILE=", default=1048576),
     "limit_memlock": Setting(_integer(0, None, "a byte limit", infinity=True), A, True,
-                             "LimitMEMLOCK= [infinity] (RDMA registration)"),
+                             "LimitMEMLOCK= (RDMA registration)", default="infinity"),
     "health_timeout": Setting(_integer(1, None, "seconds"), A, True,
                               "how long deploy waits for /health [TimeoutStartSec]"),
     "pythonpath": Setting(_boolean, S, True, "PYTHONPATH= the tree, so the unit imports the "
-                          "managed tree whatever the venv has installed [true]"),
+                          "managed tree whatever the venv has installed", default=True),
     "trace": Setting(_boolean, S, True, "record in every server process which patched "
-                     "functions ran (`patchset trace`, the audit's evidence) [true]"),
+                     "functions ran (`patchset trace`, the audit's evidence)", default=True),
     "prefill": Setting(_urls, ("router",), False, "prefill URLs [this host's prefill]"),
     "decode": Setting(_urls, ("router",), False, "decode URLs [this host's decode]"),
     "api_key": Setting(_secret, S, True, f"--api-key, in the root-only ROLE{CONFIG_SUFFIX} "
@@ -328,3 +337,60 @@ def check_settings(role: str | None, settings: Any) -> dict[str, Any]:
                                    "credential is readable by every local user (ps, "
                                    "/proc/PID/cmdline)")
     return out
+
+
+# ---------------------------------------------------------------- one role's settings
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """One role's unit settings: the host's `serving:` (what the role takes of it), then
+    `roles.ROLE:` (the role's win, env merged), every default of SCHEMA filled in, and
+    those that depend on another setting: tp (the number of gpus), health_timeout
+    (timeout_start_sec). None: not set and without a default (a required setting deploy
+    asks for; the router's worker URLs, which default to this host's own roles)."""
+
+    role: str
+    gpus: str | None
+    port: int | None
+    host: str
+    tp: int | None
+    bootstrap_port: int
+    model_path: str | None
+    transfer_backend: str
+    ib_device: str | None
+    extra_args: tuple[str, ...]
+    env: dict[str, str]
+    user: str | None
+    group: str | None
+    timeout_start_sec: int
+    timeout_stop_sec: int
+    restart_sec: int
+    limit_nofile: int | str                 # or "infinity"
+    limit_memlock: int | str
+    health_timeout: int
+    pythonpath: bool
+    trace: bool
+    prefill: list[dict] | None
+    decode: list[dict] | None
+    api_key: str | None
+    admin_api_key: str | None
+
+    @classmethod
+    def of(cls, role: str, shared: dict[str, Any], own: dict[str, Any]) -> RoleSettings:
+        """From `serving:` and `roles.ROLE:` as check_settings returns them."""
+        given = {k: v for k, v in shared.items() if role in SCHEMA[k].roles}
+        given.update(own)
+        given["env"] = {**shared.get("env", {}), **own.get("env", {})}
+        values = {key: given.get(key, spec.default_for(role)) for key, spec in SCHEMA.items()}
+        values["extra_args"] = tuple(values["extra_args"])
+        if values["tp"] is None and values["gpus"] is not None:
+            values["tp"] = len(values["gpus"].split(","))
+        if values["health_timeout"] is None:
+            values["health_timeout"] = values["timeout_start_sec"]
+        return cls(role=role, **values)
+
+    def credentials(self) -> dict[str, str]:
+        """The `--config` file's entries these settings give: flag name -> value."""
+        return {flag: getattr(self, key) for key, flag in SECRET_SETTINGS.items()
+                if getattr(self, key)}
+

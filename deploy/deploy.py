@@ -32,6 +32,7 @@ from patchset.errors import BisectPending, Exit, PatchsetError, TargetError, Usa
 from patchset.transport import EventSink, Transport, raise_for
 
 from patchset.connect import settings
+from patchset.connect.inventory import Host
 
 from . import units
 
@@ -77,7 +78,7 @@ class DeployResult:
 
 # ---------------------------------------------------------------- the library call
 
-def select_roles(host: Any, roles: list[str] | None) -> list[str]:
+def select_roles(host: Host, roles: list[str] | None) -> list[str]:
     """Requested roles (default: every role the host has), in restart order."""
     for role in roles or []:
         if role not in settings.ROLES:
@@ -92,7 +93,7 @@ def select_roles(host: Any, roles: list[str] | None) -> list[str]:
     return [r for r in settings.ROLES if r in wanted]
 
 
-def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | None = None,
+def deploy_units(host: Host, transport: Transport, tree: str, roles: list[str] | None = None,
                  dry_run: bool = False, timeout: float | None = None, lock_wait: float = 0.0,
                  on_event: EventSink | None = None, git_prefix: str = "python/",
                  package: str = "sglang",
@@ -115,7 +116,7 @@ def deploy_units(host: Any, transport: Transport, tree: str, roles: list[str] | 
     return scrub.result(result)
 
 
-def _deploy(host: Any, transport: Transport, tree: str, roles: list[str] | None, dry_run: bool,
+def _deploy(host: Host, transport: Transport, tree: str, roles: list[str] | None, dry_run: bool,
             timeout: float | None, lock_wait: float, on_event: EventSink | None,
             git_prefix: str, package: str, bisect: str | None,
             gates_off: frozenset[str], scrub: "Scrub") -> DeployResult:
@@ -242,7 +243,7 @@ def _secrets_in(value: Any, name: str = "") -> set[str]:
     return set()
 
 
-def inventory_secrets(host: Any) -> set[str]:
+def inventory_secrets(host: Host) -> set[str]:
     """Every secret the inventory gives this host (before anything is validated)."""
     roles = getattr(host, "roles", None) or {}
     return _secrets_in({"serving": getattr(host, "serving", None) or {},
@@ -397,7 +398,7 @@ def _diff(old: str | None, new: str | None, path: str) -> list[str]:
 
 # ---------------------------------------------------------------- after apply
 
-def affected_roles(host: Any, transport: Transport, tree: str, git_prefix: str = "python/",
+def affected_roles(host: Host, transport: Transport, tree: str, git_prefix: str = "python/",
                    package: str = "sglang") -> tuple[list[str], wire.FactsResult | None]:
     """Installed server roles whose patches or gates differ from the tree's state now, or
     whose process is stale: what `apply --restart` redeploys. Returns (roles, facts)."""

@@ -1,4 +1,5 @@
-"""The systemd units of one host: settings schema, systemd escaping, rendering.
+"""The systemd units of one host: resolving each role's unit from its settings, and
+rendering the unit, env and credentials files.
 
 Three roles, one unit and one env file each:
 
@@ -7,13 +8,14 @@ Three roles, one unit and one env file each:
     sglang-router.service   /etc/sglang/router.env    python -m sglang_router.launch_router
 
 Settings come from hosts.yaml (`serving:` for the whole host, `roles.ROLE:` per role,
-the role wins), the patch gates from the state on the host (passed in as data). Every
-value that reaches a unit or env file is checked here twice: at inventory load (so a bad
-value is a `file:line: field` error before any host is contacted) and again at render
-time (gates and patch names come from the host). Unit-file values refuse newlines,
-control characters, quotes and backslashes, and get `%` and `$` escaped for systemd;
-env-file values may hold anything but newlines and control characters and are quoted
-for systemd's EnvironmentFile= parser.
+the role wins) as connect/settings.py's RoleSettings, which holds the schema, every
+default and the systemd escaping; the patch gates come from the state on the host (passed
+in as data). Every value that reaches a unit or env file is checked twice: at inventory
+load (so a bad value is a `file:line: field` error before any host is contacted) and
+again here at render time (gates and patch names come from the host). Unit-file values
+refuse newlines, control characters, quotes and backslashes, and get `%` and `$` escaped
+for systemd; env-file values may hold anything but newlines and control characters and
+are quoted for systemd's EnvironmentFile= parser.
 """
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from patchset.errors import PatchsetError, UsageError
 
 from patchset.agent.lib import staleness, tracer
 from patchset.agent.lib.facts.systemd import parse_env_file
-from patchset.connect.settings import (ABS_PATH, CONFIG_SUFFIX, DEFAULT_BOOTSTRAP_PORT,
-                                      DEFAULT_TRANSFER_BACKEND, ENV_NAME, MANAGED_ENV,
-                                      MANAGED_FLAGS, MIN_TIMEOUT_START, PATCH_NAME,
-                                      SCHEMA, SECRET_SETTINGS, SERVER_ROLES,
-                                      SettingError, check_settings, env_value,
-                                      exec_line, secret_flag, unit_value)
+from patchset.connect.inventory import Host
+from patchset.connect.settings import (ABS_PATH, CONFIG_SUFFIX, ENV_NAME, MANAGED_ENV,
+                                      MANAGED_FLAGS, PATCH_NAME, SCHEMA,
+                                      SECRET_SETTINGS, SERVER_ROLES, RoleSettings, SettingError, check_settings,
+                                      env_value, exec_line, secret_flag, unit_value)
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/sglang"
@@ -72,7 +73,7 @@ class RoleUnit:
     overridden_gates: dict[str, tuple[str, str]]   # name -> (gate value, inventory value)
     health_url: str
     health_timeout: int
-    settings: dict[str, Any]
+    settings: RoleSettings
     tree: str | None                # None for the router (it does not import the tree)
     patches: str                    # PATCHSET_PATCHES: the applied patches this role runs
     notes: list[str] = field(default_factory=list)
@@ -90,11 +91,12 @@ def config_path(role: str) -> str | None:
     return f"{ENV_DIR}/{role}{CONFIG_SUFFIX}" if role in SERVER_ROLES else None
 
 
-def role_settings(host: Any, role: str) -> dict[str, Any]:
-    """serving (shared) + roles.ROLE, validated; env merged, the role's wins."""
+def role_settings(host: Host, role: str) -> RoleSettings:
+    """serving (shared) + roles.ROLE, validated again; env merged, the role's wins, the
+    schema's defaults filled in."""
     where = f"{host.name}: hosts.{host.name}"
     try:
-        shared = check_settings(None, getattr(host, "serving", None) or {})
+        shared = check_settings(None, host.serving or {})
     except SettingError as exc:
         raise UsageError(f"{where}.serving.{'.'.join(map(str, exc.path))}: {exc}") from None
     if role not in host.roles:
@@ -104,20 +106,16 @@ def role_settings(host: Any, role: str) -> dict[str, Any]:
         own = check_settings(role, host.roles[role] or {})
     except SettingError as exc:
         raise UsageError(f"{where}.roles.{role}.{'.'.join(map(str, exc.path))}: {exc}") from None
-    merged = {k: v for k, v in shared.items()
-              if not (role == "router" and k in ("model_path", "transfer_backend", "ib_device",
-                                                 "tp", "pythonpath"))}
-    merged.update(own)
-    merged["env"] = {**shared.get("env", {}), **own.get("env", {})}
-    return merged
+    return RoleSettings.of(role, shared, own)
 
 
-def _require(host: Any, role: str, settings: dict, key: str) -> Any:
-    if key not in settings:
+def _require(host: Host, role: str, value: Any, key: str) -> Any:
+    """`value`, the setting `key` of `role`, which deploy cannot do without."""
+    if value is None:
         shared = f" or hosts.{host.name}.serving" if SCHEMA[key].shared else ""
         raise UsageError(f"{host.name}: hosts.{host.name}.roles.{role}.{key} is required to "
                          f"deploy (set it there{shared})")
-    return settings[key]
+    return value
 
 
 def _connect_host(bind: str) -> str:
@@ -196,11 +194,11 @@ def import_root(tree: str, layout: str | None, git_prefix: str = "python/") -> s
     return tree.rstrip("/") + "/" + git_prefix.strip("/")
 
 
-def resolve(host: Any, roles: list[str], tree: str, state: dict | None,
+def resolve(host: Host, roles: list[str], tree: str, state: dict | None,
             layout: str | None, git_prefix: str = "python/") -> dict[str, RoleUnit]:
     """The units of `roles` on `host`, from the inventory and the host's state."""
     applied = (state or {}).get("applied", [])
-    python = getattr(host, "python", None) or "python3"
+    python = host.python or "python3"
     if not ABS_PATH.ok(python):
         raise UsageError(f"{host.name}: hosts.{host.name}.python must be an absolute path to "
                          f"deploy units (got {python!r})")
@@ -215,43 +213,36 @@ def resolve(host: Any, roles: list[str], tree: str, state: dict | None,
     return out
 
 
-def _common(settings: dict) -> int:
-    return settings.get("health_timeout") or settings.get("timeout_start_sec",
-                                                          MIN_TIMEOUT_START)
-
-
-def _server(host: Any, role: str, settings: dict, python: str, tree: str, applied: list,
-            layout: str | None, git_prefix: str, traces: dict) -> RoleUnit:
-    model = _require(host, role, settings, "model_path")
-    gpus = _require(host, role, settings, "gpus")
-    port = _require(host, role, settings, "port")
-    bind = settings.get("host", "127.0.0.1")
+def _server(host: Host, role: str, settings: RoleSettings, python: str, tree: str,
+            applied: list, layout: str | None, git_prefix: str, traces: dict) -> RoleUnit:
+    model = _require(host, role, settings.model_path, "model_path")
+    gpus = _require(host, role, settings.gpus, "gpus")
+    port = _require(host, role, settings.port, "port")
+    bind = settings.host
     argv = [python, "-m", "sglang.launch_server", "--model-path", model,
             "--disaggregation-mode", role, "--host", bind, "--port", str(port),
-            "--tp-size", str(settings.get("tp", len(gpus.split(",")))),
-            "--disaggregation-transfer-backend",
-            settings.get("transfer_backend", DEFAULT_TRANSFER_BACKEND)]
+            "--tp-size", str(settings.tp), "--disaggregation-transfer-backend",
+            settings.transfer_backend]
     if role == "prefill":
-        argv += ["--disaggregation-bootstrap-port",
-                 str(settings.get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT))]
-    if settings.get("ib_device"):
-        argv += ["--disaggregation-ib-device", settings["ib_device"]]
+        argv += ["--disaggregation-bootstrap-port", str(settings.bootstrap_port)]
+    if settings.ib_device:
+        argv += ["--disaggregation-ib-device", settings.ib_device]
     extra, config = _credentials(host, role, settings, _extra(host, role, settings))
     argv += extra
     if config:
         argv += ["--config", config_path(role)]
     gates, sources = role_gates(applied, role)
-    own = settings["env"]
+    own = settings.env
     overridden = {k: (v, own[k]) for k, v in gates.items() if k in own and own[k] != v}
     # SPT_NOENV=1: setproctitle must not overwrite the scheduler children's environ, which
     # is where the audit reads the gates those children really run with.
     env = {"CUDA_VISIBLE_DEVICES": gpus, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SPT_NOENV": "1"}
-    paths = ([TRACE_HOME] if settings.get("trace", True) else []) + \
-        ([import_root(tree, layout, git_prefix)] if settings.get("pythonpath", True) else [])
+    paths = ([TRACE_HOME] if settings.trace else []) + \
+        ([import_root(tree, layout, git_prefix)] if settings.pythonpath else [])
     if paths:
         env["PYTHONPATH"] = ":".join(paths)
     env.update({"PATCHSET_TREE": tree, "PATCHSET_PATCHES": patches_value(applied, role)})
-    if settings.get("trace", True):
+    if settings.trace:
         env.update({"PATCHSET_TRACE": trace_value(applied, traces),
                     "PATCHSET_TRACE_DIR": f"{TRACE_RUN}/{role}"})
     env.update({k: v for k, v in gates.items() if k not in own})
@@ -264,7 +255,7 @@ def _server(host: Any, role: str, settings: dict, python: str, tree: str, applie
                     gates={k: env[k] for k in gates}, gate_sources=sources,
                     overridden_gates=overridden,
                     health_url=f"http://{_url_host(_connect_host(bind))}:{port}/health",
-                    health_timeout=_common(settings), settings=settings, tree=tree,
+                    health_timeout=settings.health_timeout, settings=settings, tree=tree,
                     patches=env["PATCHSET_PATCHES"], notes=notes, config=config,
                     config_path=config_path(role) if config else None,
                     trace="PATCHSET_TRACE" in env)
@@ -274,8 +265,8 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _extra(host: Any, role: str, settings: dict) -> list[str]:
-    extra = settings.get("extra_args", [])
+def _extra(host: Host, role: str, settings: RoleSettings) -> list[str]:
+    extra = settings.extra_args
     for word in extra:
         flag = word.split("=", 1)[0]
         if flag in MANAGED_FLAGS[role] or (flag == "--config" and role in SERVER_ROLES):
@@ -285,13 +276,13 @@ def _extra(host: Any, role: str, settings: dict) -> list[str]:
     return list(extra)
 
 
-def _credentials(host: Any, role: str, settings: dict,
+def _credentials(host: Host, role: str, settings: RoleSettings,
                  extra: list[str]) -> tuple[list[str], dict[str, str]]:
     """(extra_args without credentials, the `--config` file's entries): api_key,
     admin_api_key and every secret flag of extra_args (`--api-key V`, `--x-password=V`)."""
-    config = {cli: settings[key] for key, cli in SECRET_SETTINGS.items() if settings.get(key)}
+    config = settings.credentials()
     given = {cli: f"{key} (hosts.{host.name})" for key, cli in SECRET_SETTINGS.items()
-             if settings.get(key)}
+             if cli in config}
     kept, index = [], 0
     while index < len(extra):
         word, flag = extra[index], secret_flag(extra[index])
@@ -314,11 +305,11 @@ def _credentials(host: Any, role: str, settings: dict,
     return kept, config
 
 
-def _router(host: Any, settings: dict, python: str) -> RoleUnit:
-    port = _require(host, "router", settings, "port")
-    bind = settings.get("host", "0.0.0.0")
-    prefill = settings.get("prefill") or _local_worker(host, "prefill")
-    decode = settings.get("decode") or _local_worker(host, "decode")
+def _router(host: Host, settings: RoleSettings, python: str) -> RoleUnit:
+    port = _require(host, "router", settings.port, "port")
+    bind = settings.host
+    prefill = settings.prefill or _local_worker(host, "prefill")
+    decode = settings.decode or _local_worker(host, "decode")
     argv = [python, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
     for entry in prefill:
         argv += ["--prefill", entry["url"]]
@@ -329,22 +320,22 @@ def _router(host: Any, settings: dict, python: str) -> RoleUnit:
     argv += ["--host", bind, "--port", str(port)] + _extra(host, "router", settings)
     return RoleUnit(role="router", unit=unit_name("router"),
                     unit_path=f"{UNIT_DIR}/{unit_name('router')}",
-                    env_path=f"{ENV_DIR}/router.env", argv=argv, env=dict(settings["env"]),
+                    env_path=f"{ENV_DIR}/router.env", argv=argv, env=dict(settings.env),
                     gates={}, gate_sources={}, overridden_gates={},
                     health_url=f"http://{_url_host(_connect_host(bind))}:{port}/health",
-                    health_timeout=_common(settings), settings=settings, tree=None, patches="")
+                    health_timeout=settings.health_timeout, settings=settings, tree=None,
+                    patches="")
 
 
-def _local_worker(host: Any, role: str) -> list[dict]:
+def _local_worker(host: Host, role: str) -> list[dict]:
     if role not in host.roles:
         raise UsageError(f"{host.name}: hosts.{host.name}.roles.router.{role} is required to "
                          f"deploy (this host has no {role} role to default to)")
     settings = role_settings(host, role)
-    port = _require(host, role, settings, "port")
-    url = f"http://{_url_host(_connect_host(settings.get('host', '127.0.0.1')))}:{port}"
-    entry = {"url": url}
+    port = _require(host, role, settings.port, "port")
+    entry: dict[str, Any] = {"url": f"http://{_url_host(_connect_host(settings.host))}:{port}"}
     if role == "prefill":
-        entry["bootstrap_port"] = settings.get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT)
+        entry["bootstrap_port"] = settings.bootstrap_port
     return [entry]
 
 
@@ -395,7 +386,7 @@ def _filter(func: Callable[[Any], str]) -> Callable[[Any], str]:
     return wrapped
 
 
-def render(host: Any, units: dict[str, RoleUnit],
+def render(host: Host, units: dict[str, RoleUnit],
            template_dir: Path | None = None) -> dict[str, Rendered]:
     """Unit and env file text of each role, from the templates in systemd/. Nothing about
     where or how the inventory was given reaches the text (a path in a comment made the
@@ -407,13 +398,10 @@ def render(host: Any, units: dict[str, RoleUnit],
         context = {
             "host": host.name, "role": role, "unit": u.unit,
             "argv": u.argv, "env": u.env, "gates": u.gates, "gate_sources": u.gate_sources,
-            "env_path": u.env_path, "tree": u.tree, "user": s.get("user"),
-            "group": s.get("group"),
-            "timeout_start_sec": s.get("timeout_start_sec", MIN_TIMEOUT_START),
-            "timeout_stop_sec": s.get("timeout_stop_sec", 120),
-            "restart_sec": s.get("restart_sec", 30),
-            "limit_nofile": s.get("limit_nofile", 1048576),
-            "limit_memlock": s.get("limit_memlock", "infinity"),
+            "env_path": u.env_path, "tree": u.tree, "user": s.user, "group": s.group,
+            "timeout_start_sec": s.timeout_start_sec, "timeout_stop_sec": s.timeout_stop_sec,
+            "restart_sec": s.restart_sec, "limit_nofile": s.limit_nofile,
+            "limit_memlock": s.limit_memlock,
             "health_url": u.health_url, "trace": u.trace,
         }
         unit_text = env.get_template(f"sglang-{role}.service.j2").render(context)

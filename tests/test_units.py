@@ -3,6 +3,7 @@ pieces, and the deploy library against a scripted channel."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -113,6 +114,29 @@ def test_settings_schema_refuses_with_the_key_path() -> None:
                                             "env": {"NCCL_DEBUG": "WARN", "N": 1}})
     assert good["extra_args"] == ["--mem-fraction-static", "0.85"]
     assert good["env"] == {"NCCL_DEBUG": "WARN", "N": "1"}
+
+
+def test_role_settings_take_every_default_from_the_schema() -> None:
+    """RoleSettings has one attribute per SCHEMA key, and a setting nobody gave is the
+    schema's default (the router's own where it has one), or derived from another one
+    (tp, health_timeout): deploy/units.py restates none of them."""
+    fields = {f.name for f in dataclasses.fields(settings.RoleSettings)}
+    assert fields == {"role", *settings.SCHEMA}
+    for role in settings.ROLES:
+        got = settings.RoleSettings.of(role, {}, {})
+        for key, spec in settings.SCHEMA.items():
+            if key not in ("tp", "health_timeout", "extra_args"):
+                assert getattr(got, key) == spec.default_for(role), (role, key)
+        assert got.extra_args == () and got.health_timeout == got.timeout_start_sec
+    assert settings.RoleSettings.of("router", {}, {}).host == "0.0.0.0"
+    decode = settings.RoleSettings.of("decode", {"tp": 8, "trace": False, "env": {"A": "1"}},
+                                      {"gpus": "4,5", "env": {"B": "2"}})
+    assert (decode.tp, decode.trace, decode.env) == (8, False, {"A": "1", "B": "2"})
+    assert settings.RoleSettings.of("decode", {}, {"gpus": "4,5"}).tp == 2
+    router = settings.RoleSettings.of("router", {"tp": 8, "pythonpath": False}, {})
+    assert router.tp is None and router.pythonpath is True       # the servers' settings
+    source = (Path(units.__file__)).read_text("utf-8")
+    assert "settings.get(" not in source and "settings[" not in source
 
 
 INVENTORY = """\

@@ -1,7 +1,7 @@
 """Sections 2 and 3 (audit): one audited host against `ssh HOST true` and a naive loop of
 one `ssh` per fact, and the audit of 1, 2, 4, 8 hosts.
 
-Every host is set up as tests/test_audit_hosts.py sets its host up (bench/hostsetup.py, which
+Every host is set up as tests/system/test_audit_hosts.py sets its host up (tests/hosts/hostsetup.py, which
 both use): the series applied (the fleet section did that), the SGLang stand-in venv, a
 checkpoint (config.json + a 20 GB sparse shard) and a fake nvidia-smi, and prefill + decode
 units from `patchset deploy`.
@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 from benchlib import Row, add_note, count_row, measure, ratios, row, verdict
-from hostsetup import ARGS, MODEL, TREE, VENV, checkpoint, free_ports
+from tests.hosts.hostsetup import ARGS, MODEL, TREE, VENV, checkpoint, free_ports
 
 from patchset.auditor import api as audit_api
 from patchset.auditor import policy as policy_mod

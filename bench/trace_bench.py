@@ -5,7 +5,7 @@ installs it (sitecustomize.py + patchset_tracer.py first on PYTHONPATH), and tim
 after the first one: through the module attribute (what most callers do: on Python < 3.12
 the original is back after the first call; sys.monitoring never replaces it), and through
 a reference taken before the first call (a dispatch table: on < 3.12 it keeps the wrapper).
-Prints a table; nothing is asserted (tests/test_tracer.py checks behaviour).
+Prints a table; nothing is asserted (tests/unit/test_tracer.py checks behaviour).
 
     python bench/trace_bench.py [--calls 2000000]
 """

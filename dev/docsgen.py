@@ -4,7 +4,7 @@ Why: a list kept by hand drifts from the code (the README once named 13 checks w
 code registered 14). Each page below is rendered from the one place its facts live: the
 CLI reference from the commands typer builds, the exit codes from `patchset.errors`, the
 checks from `auditor.checks.describe()`, the report fields from the report's JSON
-Schema. `tests/test_docs.py` fails when a committed page differs from what this renders,
+Schema. `tests/unit/test_docs.py` fails when a committed page differs from what this renders,
 and `make test` builds the site with `mkdocs build --strict`.
 
     python dev/docsgen.py            # write docs/reference/*.md

@@ -6,7 +6,7 @@ an explicit test cache ($PATCHSET_TEST_CACHE, default /var/cache/patchset-test/u
 next to the test rootfs, else .cache/test-upstream in the checkout), so only the first
 run on a machine needs the network. An audit hook records every file operation under the
 real ~/.cache/patchset, ~/.local/share/patchset and ~/.ssh; any such access fails the
-session (pytest_sessionfinish) and tests/test_isolation.py proves the hook sees one.
+session (pytest_sessionfinish) and tests/unit/test_isolation.py proves the hook sees one.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
-for _p in (ROOT, TESTS):
-    if str(_p) not in sys.path:  # run from a checkout without `pip install -e .`
-        sys.path.insert(0, str(_p))
 
 
 def _test_cache() -> Path:
@@ -157,7 +153,7 @@ def pinned_wheel(pinned_pin: UpstreamPin) -> Path:
 @pytest.fixture(scope="session")
 def series_template(pinned_base: BaseTree, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A five-patch series of real edits to real 0.5.14 files (see seriesfactory)."""
-    from seriesfactory import build_series, default_patches
+    from tests.seriesfactory import build_series, default_patches
 
     root = tmp_path_factory.mktemp("series-template")
     build_series(pinned_base, root, default_patches())
@@ -185,7 +181,7 @@ def patchset_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def series(tmp_path_factory: pytest.TempPathFactory):
     """The project's real series, in a scratch copy (audit tests evaluate it on facts)."""
-    from audit_facts import synth
+    from tests.audit_facts import synth
     return synth.real_series(tmp_path_factory.mktemp("series"))
 
 
@@ -194,7 +190,7 @@ def seed() -> dict:
     """The seed deployment's facts (DOMAIN.md section 1), a private copy per test."""
     import copy
 
-    from audit_facts import synth
+    from tests.audit_facts import synth
     return copy.deepcopy(synth.load("seed.yaml"))
 
 
@@ -208,7 +204,7 @@ def hostile_root(tmp_path_factory: pytest.TempPathFactory, request) -> Path:
 def world(series_template: Path, hostile_root: Path, capsys, monkeypatch):
     """A series, an applied default tree, the cache and the home for a bad-input case:
     `world.refuse(argv, message)` asserts the whole contract (tests/hostile.py)."""
-    from hostile import make_world
+    from tests.hostile import make_world
     return make_world(series_template, hostile_root, capsys, monkeypatch)
 
 
@@ -221,7 +217,7 @@ def remote_env(series_dir: Path, patchset_home: Path, monkeypatch, tmp_path: Pat
     ssh_config.write_text("")
     monkeypatch.setenv("PATCHSET_SSH_CONFIG", str(ssh_config))
 
-    from hostutil import inventory
+    from tests.hostutil import inventory
 
     def setup(hosts: list, **extra) -> Path:
         monkeypatch.setenv("PATCHSET_KNOWN_HOSTS", str(known_hosts_file(hosts)))

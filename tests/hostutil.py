@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from bench.hostsetup import free_ports  # noqa: F401 - the tests' name for it
+from tests.hosts.hostsetup import free_ports  # noqa: F401 - the tests' name for it
 from patchset.cli import main
 from tests.hosts.nspawn import TestHost, run_ssh
 from tests.hosts.ports import reserve_port

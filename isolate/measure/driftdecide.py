@@ -35,7 +35,7 @@ studentized bootstrap over sequences and the percentile bootstrap (seeded: the s
 numbers give the same bound), taken at BOUND_MARGIN times less error than the stated
 confidence. Both bootstraps are asymptotic and undercover right-skewed heavy-tailed
 means: lognormal token tails of sigma 2 with 8 sequences, 94.5% for a nominal 99%. With
-the margin, measured over 400 trials each (tests/test_drift_decide.py checks the 16- and
+the margin, measured over 400 trials each (tests/unit/test_drift_decide.py checks the 16- and
 32-sequence cases): sigma 1, 7-32 sequences, 99.25-99.75%; sigma 2, 16
 sequences 99.25%, but 7-12 sequences 97.5-98.5%. So a bound is trusted from MIN_BOUNDED
 (16) sequences on; below that a comparison can be `above` (the exact test needs 7) but not

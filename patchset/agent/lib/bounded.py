@@ -178,7 +178,7 @@ def _constant(text: str) -> Any:
     raise _Refused(f"{text} is not a JSON number")
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
@@ -249,7 +249,8 @@ _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or 
           list: "a list", dict: "an object", type(None): "null"}
 
 
-def expect(value: Any, kinds: type | tuple, source: str, path: tuple = ()) -> Any:
+def expect(value: Any, kinds: type | tuple[type, ...], source: str,
+           path: tuple[str | int, ...] = ()) -> Any:
     """`value` when its exact type is one of `kinds` (so `true` is no number, and `1` no
     `true`), else an InputError naming `path` (`("choices", 0, "message")`). A float
     among `kinds` must be finite (a value built in code, not parsed, may not be)."""
@@ -264,7 +265,7 @@ def expect(value: Any, kinds: type | tuple, source: str, path: tuple = ()) -> An
     return value
 
 
-def field_name(path: tuple) -> str:
+def field_name(path: tuple[str | int, ...]) -> str:
     """`("choices", 0, "message")` -> `choices[0].message`."""
     out = ""
     for part in path:

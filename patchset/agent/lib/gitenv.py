@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Sequence
+from typing import IO, Sequence
 
 TREE, LOCAL, NETWORK = "tree", "local", "network"
 MODES = (TREE, LOCAL, NETWORK)
@@ -60,9 +60,9 @@ def git_env(extra: dict[str, str] | None = None, mode: str = TREE) -> dict[str, 
     return env
 
 
-def run_git(args: Sequence[str], cwd: str | os.PathLike | None, *, mode: str = TREE,
+def run_git(args: Sequence[str], cwd: str | os.PathLike[str] | None, *, mode: str = TREE,
             extra: dict[str, str] | None = None, input: bytes | None = None,
-            timeout: float | None = None) -> subprocess.CompletedProcess:
+            timeout: float | None = None) -> subprocess.CompletedProcess[bytes]:
     """`git ARGS` in `cwd` with the policy's environment: stdout and stderr captured as
     bytes, stdin `input` (or nothing: git never waits on a terminal), never raising for
     a non-zero exit (the caller words its own error). FileNotFoundError when there is no
@@ -72,8 +72,10 @@ def run_git(args: Sequence[str], cwd: str | os.PathLike | None, *, mode: str = T
                           capture_output=True, timeout=timeout, check=False)
 
 
-def popen_git(args: Sequence[str], cwd: str | os.PathLike | None, *, mode: str = TREE,
-              **popen: object) -> subprocess.Popen:
+def popen_git(args: Sequence[str], cwd: str | os.PathLike[str] | None, *, mode: str = TREE,
+              stdin: int | IO[bytes] | None = None, stdout: int | IO[bytes] | None = None,
+              stderr: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
     """A streamed git child (fast-import fed, archive read, as it goes) with the same
     environment policy as run_git; the caller owns the pipes and the wait."""
-    return subprocess.Popen(["git", *args], cwd=cwd, env=git_env(None, mode), **popen)  # type: ignore[call-overload]
+    return subprocess.Popen(["git", *args], cwd=cwd, env=git_env(None, mode),
+                            stdin=stdin, stdout=stdout, stderr=stderr)

@@ -22,7 +22,7 @@ import io
 import math
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
 
 _CHUNK = 64 * 1024
@@ -47,6 +47,17 @@ class Deadline:
         return left
 
 
+class RawSocket(Protocol):
+    """What DeadlineSocket uses of the socket it wraps: a socket.socket, an ssl.SSLSocket or
+    a paramiko Channel (connect/tunnel.py)."""
+
+    def settimeout(self, timeout: float | None, /) -> None: ...
+    def recv(self, size: int, /) -> bytes: ...
+    def send(self, data: bytes, /) -> int: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
 class DeadlineSocket:
     """The socket methods http.client and http.server use, on anything with
     settimeout/send/recv/close (a socket, an SSL socket, a paramiko channel), each
@@ -55,7 +66,7 @@ class DeadlineSocket:
     closes the socket as soon as a response ends the connection (HTTP/1.0) and reads the
     body from the file afterwards."""
 
-    def __init__(self, sock: Any, deadline: Deadline) -> None:
+    def __init__(self, sock: RawSocket, deadline: Deadline) -> None:
         self.sock, self.deadline = sock, deadline
         self._files = 0
         self._closed = False
@@ -136,12 +147,12 @@ def open_socket(address: tuple[str, int], deadline: Deadline) -> socket.socket:
     raise last
 
 
-class _Deadlined:
+class _Deadlined(http.client.HTTPConnection):
     """What both connection kinds add to http.client: connect within the deadline, then
     every operation on a DeadlineSocket."""
 
     def __init__(self, host: str, port: int | None, deadline: Deadline) -> None:
-        super().__init__(host, port, timeout=deadline.remaining())  # type: ignore[call-arg]
+        super().__init__(host, port, timeout=deadline.remaining())
         self.deadline = deadline
         self._create_connection = self._open
 
@@ -149,11 +160,11 @@ class _Deadlined:
         return open_socket(address, self.deadline)
 
     def connect(self) -> None:
-        super().connect()                                  # type: ignore[misc]
+        super().connect()
         self.sock = DeadlineSocket(self.sock, self.deadline)
 
 
-class DeadlineHTTPConnection(_Deadlined, http.client.HTTPConnection):
+class DeadlineHTTPConnection(_Deadlined):
     """http.client's HTTP/1.1 with one deadline for the whole exchange."""
 
 

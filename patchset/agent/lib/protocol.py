@@ -42,7 +42,7 @@ def killed(code: int | None, shell: bool = False) -> bool:
     return not ended(code, shell).startswith("exited ")
 
 
-def result_line(result: dict) -> str:
+def result_line(result: dict[str, Any]) -> str:
     return json.dumps({"result": result, "protocol": PROTOCOL}, sort_keys=True)
 
 
@@ -50,7 +50,8 @@ class Events:
     """JSON lines on stdout; a closed stdout (SSH gone) stops the events, not the work.
     In-process (a local transport), `sink` receives each event instead."""
 
-    def __init__(self, stream: Any = None, sink: Callable[[dict], None] | None = None) -> None:
+    def __init__(self, stream: Any = None,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.stream = stream or sys.stdout
         self.sink = sink
         self.alive = True
@@ -58,7 +59,7 @@ class Events:
     def __call__(self, event: str, **data: Any) -> None:
         self.line({"event": event, **data})
 
-    def line(self, value: dict) -> None:
+    def line(self, value: dict[str, Any]) -> None:
         if not self.alive:
             return
         if self.sink is not None:

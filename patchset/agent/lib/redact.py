@@ -125,7 +125,7 @@ class Redactor:
             if form in text:
                 text = text.replace(form, self.mask(form))
 
-        def json_pair(m: re.Match) -> str:
+        def json_pair(m: re.Match[str]) -> str:
             if not is_secret_name(m["name"]) or is_redacted(m["value"]) or not m["value"]:
                 return m[0]
             return f"\"{m['name']}\"{m['sep']}\"{self.mask(m['value'])}\""
@@ -138,7 +138,7 @@ class Redactor:
             text = shape.sub(lambda m: m[0] if is_redacted(m[0]) else self.mask(m[0]), text)
         return text
 
-    def _scan(self, pattern: re.Pattern, text: str, group: str, tail: re.Pattern) -> str:
+    def _scan(self, pattern: re.Pattern[str], text: str, group: str, tail: re.Pattern[str]) -> str:
         """`NAME<sep>value` pairs: a secret's value masked (a plain one up to `tail`),
         anything else kept and scanned again from its value on."""
         out, pos = [], 0
@@ -158,7 +158,9 @@ class Redactor:
             if quote and len(value) > 1 and value.endswith(quote):      # closed quotes
                 end, shown = m.end(), quote + self.mask(value[1:-1]) + quote
             else:                                  # plain or unterminated: up to `tail`
-                end = tail.match(text, m.start("value")).end()
+                rest = tail.match(text, m.start("value"))
+                assert rest is not None            # `tail` matches the empty string too
+                end = rest.end()
                 shown = self.mask(text[m.start("value"):end].lstrip("\"'"))
             out.append(text[pos:m.start("value")] + shown)
             pos = end

@@ -36,12 +36,12 @@ def runs_in(path: Any, role: Any) -> bool:
     return bool(paths) and (path in (None, "both") or path in paths)
 
 
-def role_applied(applied: Iterable[dict], role: Any) -> list[dict]:
+def role_applied(applied: Iterable[dict[str, Any]], role: Any) -> list[dict[str, Any]]:
     """The applied patches whose code runs in `role`, in order."""
     return [a for a in applied if runs_in(a.get("path"), role)]
 
 
-def role_patch_ids(applied: Iterable[dict], role: Any) -> list[str]:
+def role_patch_ids(applied: Iterable[dict[str, Any]], role: Any) -> list[str]:
     """`name:sha12` of each applied patch that runs in `role`: the words of
     PATCHSET_PATCHES that a process started now would have."""
     return [f"{a['name']}:{str(a.get('sha256') or '')[:12]}" for a in role_applied(applied, role)]
@@ -66,7 +66,7 @@ def iso(value: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
 
 
-def judge(started: float | None, started_with: str | None, applied: list[dict],
+def judge(started: float | None, started_with: str | None, applied: list[dict[str, Any]],
           updated: str | None, role: Any, pid: int | None) -> tuple[bool | None, str]:
     """(True: runs other code than the tree / False: runs it / None: cannot tell), why.
 

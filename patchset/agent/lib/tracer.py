@@ -53,7 +53,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, List, Optional, Tuple
 
 FORMAT = 2
 HOME = "/var/lib/patchset/trace"      # where deploy installs this file + sitecustomize.py
@@ -74,6 +74,8 @@ MAX_TARGETS = 512
 MAX_MODES = 16
 MAX_TEXT = 200
 TOOL_NAME = "patchset-trace"
+
+_Keys = List[Tuple[str, Optional[str]]]  # one wrapped function's targets: (key, via)
 
 _tracer: "_Tracer | None" = None
 
@@ -106,7 +108,7 @@ def parse(spec: str) -> dict[tuple[str, str], list[str]]:
     return out
 
 
-def evidence_flag(target: dict) -> str:
+def evidence_flag(target: dict[str, Any]) -> str:
     """The PATCHSET_TRACE prefix of a derived target (tracetargets.TraceTarget.to_json);
     a target of an older host (no `evidence`) is `?`, or `!` for a kernel."""
     if target.get("kind") == "kernel":
@@ -151,13 +153,13 @@ class _Tracer:
             if flag != KERNEL:
                 self.by_module.setdefault(name, set()).add(qualname)
                 self.keys[(name, qualname)] = _key(module, qualname)
-        self.hits: dict[str, dict] = {}
-        self.found: dict[str, dict] = {_key(m, q): _pending(m) for (m, q) in targets}
-        self.forwards: dict[str, dict] = {}
+        self.hits: dict[str, dict[str, Any]] = {}
+        self.found: dict[str, dict[str, Any]] = {_key(m, q): _pending(m) for (m, q) in targets}
+        self.forwards: dict[str, dict[str, Any]] = {}
         self.changed = 0.0                       # when a target last became watched
         self.unavailable: list[str] = []
         self.codes: dict[Any, str] = {}          # code object -> target (monitoring)
-        self.slots: dict[tuple[int, str], list] = {}   # (owner, attribute) -> targets
+        self.slots: dict[tuple[int, str], _Keys] = {}   # (owner, attribute) -> targets
         self.lock = threading.RLock()
         self.local = threading.local()           # .mode: the forward this thread runs
         self.monitoring = sys.version_info >= (3, 12) and hasattr(sys, "monitoring")
@@ -179,14 +181,15 @@ class _Tracer:
         self.write()
 
     def _claim_tool(self) -> None:
-        mon = sys.monitoring
-        for tool in (5, 4, 3, 2):
-            if mon.get_tool(tool) is None:
-                mon.use_tool_id(tool, TOOL_NAME)
-                mon.register_callback(tool, mon.events.PY_START, self._on_start)
-                mon.register_callback(tool, mon.events.PY_RETURN, self._on_return)
-                self.tool = tool
-                return
+        if sys.version_info >= (3, 12):          # as self.monitoring says; mypy checks 3.11
+            mon = sys.monitoring
+            for tool in (5, 4, 3, 2):
+                if mon.get_tool(tool) is None:
+                    mon.use_tool_id(tool, TOOL_NAME)
+                    mon.register_callback(tool, mon.events.PY_START, self._on_start)
+                    mon.register_callback(tool, mon.events.PY_RETURN, self._on_return)
+                    self.tool = tool
+                    return
         self.monitoring = False
         self.note("no free sys.monitoring tool id: wrapping functions instead")
 
@@ -205,7 +208,7 @@ class _Tracer:
 
     def _rearm(self) -> None:
         """Every target records its next call again (once per target)."""
-        if self.monitoring:
+        if self.monitoring and sys.version_info >= (3, 12):
             sys.monitoring.restart_events()
             return
         self.slots = {}
@@ -257,8 +260,9 @@ class _Tracer:
             self._unwatchable(key, "no code object with this qualname (built at run time?)")
             return
         self.codes[code] = key
-        events = sys.monitoring.events
-        sys.monitoring.set_local_events(self.tool, code, events.PY_START | events.PY_RETURN)
+        if sys.version_info >= (3, 12) and self.tool is not None:   # so is self.monitoring
+            events = sys.monitoring.events
+            sys.monitoring.set_local_events(self.tool, code, events.PY_START | events.PY_RETURN)
         self.watched(key, "sys.monitoring")
 
     def _unwatchable(self, key: str, why: str) -> None:
@@ -269,13 +273,17 @@ class _Tracer:
         key = self.codes.get(code)
         if key is not None:
             self.hit(key)
-        return sys.monitoring.DISABLE
+        if sys.version_info >= (3, 12):          # the only Pythons that call it
+            return sys.monitoring.DISABLE
+        return None
 
     def _on_return(self, code: Any, offset: int, retval: Any) -> Any:
         key = self.codes.get(code)
         if key is not None:
             self.hit(key, returned=True)
-        return sys.monitoring.DISABLE
+        if sys.version_info >= (3, 12):          # the only Pythons that call it
+            return sys.monitoring.DISABLE
+        return None
 
     def _wrap(self, module: Any, qualname: str, key: str) -> None:
         outer = qualname.split(".<locals>.")[0]
@@ -290,15 +298,17 @@ class _Tracer:
             self.slots[slot].append((key, via))
             return
         raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
-        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
-        func = raw.__func__ if kind else raw
+        kind: type | None = None
+        func = raw
+        if isinstance(raw, (staticmethod, classmethod)):
+            kind, func = type(raw), raw.__func__
         if not callable(func) or getattr(func, "__patchset_traced__", False):
             return
         keys = self.slots[slot] = [(key, via)]
         setattr(owner, attr, self._wrapper(func, kind, owner, attr, raw, keys))
 
     def _wrapper(self, func: Any, kind: Any, owner: Any, attr: str, raw: Any,
-                 keys: list) -> Any:
+                 keys: _Keys) -> Any:
         """Records each call until one returned, then puts the original back."""
         tracer, armed = self, [True]
 
@@ -317,14 +327,15 @@ class _Tracer:
                 tracer.first_return(keys, owner, attr, raw)
             return result
 
+        # a mark on the function object, read back with getattr
         traced.__patchset_traced__ = True            # type: ignore[attr-defined]
         return kind(traced) if kind else traced
 
-    def called(self, keys: list, raised: BaseException | None = None) -> None:
+    def called(self, keys: _Keys, raised: BaseException | None = None) -> None:
         for key, via in list(keys):
             self.hit(key, via, raised=raised)
 
-    def first_return(self, keys: list, owner: Any, attr: str, raw: Any) -> None:
+    def first_return(self, keys: _Keys, owner: Any, attr: str, raw: Any) -> None:
         try:
             setattr(owner, attr, raw)                # the original back: no cost from now
             self.slots.pop((id(owner), attr), None)
@@ -355,6 +366,7 @@ class _Tracer:
             tracer.forward_returned(mode)
             return result
 
+        # a mark on the function object, read back with getattr
         forward.__patchset_traced__ = True           # type: ignore[attr-defined]
         setattr(owner, attr, forward)
         self.watched(key, "forward entry")
@@ -420,7 +432,7 @@ class _Tracer:
         if len(self.unavailable) < 32:
             self.unavailable.append(why[:MAX_TEXT])
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return {
             "format": FORMAT, "pid": self.pid, "ppid": os.getppid(), "title": _title(),
             "role": os.path.basename(self.dir.rstrip("/")),
@@ -455,7 +467,7 @@ def _key(module: str, qualname: str) -> str:
     return f"{module}:{qualname}"
 
 
-def _pending(module: str) -> dict:
+def _pending(module: str) -> dict[str, Any]:
     """A target's watch state before its module is imported."""
     if split_flag(module)[0] == KERNEL:
         return {"how": None, "at": None,
@@ -463,7 +475,8 @@ def _pending(module: str) -> dict:
     return {"how": None, "at": None, "why": "not imported in this process"}
 
 
-def _news(entry: dict, mode: str, returned: bool, raised: BaseException | None) -> bool:
+def _news(entry: dict[str, Any], mode: str, returned: bool,
+          raised: BaseException | None) -> bool:
     """Does this event add anything to the target's record?"""
     return (mode not in entry["modes"] or (returned and entry["returned"] is None)
             or (raised is not None and entry["raised"] is None))
@@ -486,7 +499,10 @@ class _Finder:
                 spec = finder.find_spec(name, path, target)
                 if spec is not None:
                     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader, self.tracer)
+                        # a proxy of the real loader (exec_module, then the rest through
+                        # __getattr__), not an importlib.abc.Loader subclass
+                        spec.loader = _Loader(  # type: ignore[assignment]
+                            spec.loader, self.tracer)
                     return spec
         except BaseException as exc:  # noqa: BLE001
             self.tracer.note(f"finding {name}: {type(exc).__name__}: {exc}")

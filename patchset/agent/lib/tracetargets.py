@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import difflib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 MODULE = "<module>"
 MODULE_KIND = "module"
@@ -50,7 +50,7 @@ class TraceTarget:
     # point); modules and kernels: module, kernel
     evidence: str = "conditional"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"patch": self.patch, "module": self.module, "qualname": self.qualname,
                 "file": self.file, "line": self.line, "why": self.why, "kind": self.kind,
                 "evidence": self.evidence}
@@ -72,7 +72,7 @@ class PostImage:
 
 
 def for_patch(patch: str, files: Iterable[tuple[str, bytes | None, bytes | None]],
-              git_prefix: str, declared: Iterable[dict] = (), mode: str = "add"
+              git_prefix: str, declared: Iterable[dict[str, Any]] = (), mode: str = "add"
               ) -> list[TraceTarget]:
     """The targets of one patch from its files (path, before, after), then its manifest
     `trace:` entries ({module, qualname[, file]}); `mode` replace: only those."""

@@ -15,9 +15,12 @@ from __future__ import annotations
 import errno
 import shlex
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Dict
 
 FACTS: dict[str, type[Fact]] = {}
+
+# A raw record, as the module's docstring says: JSON-shaped, with extras by kind.
+RawRecord = Dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,10 @@ class Fact:
     def command(self, **kwargs: Any) -> Command:
         raise NotImplementedError
 
-    def process(self, raw: dict) -> Any:
+    def process(self, raw: RawRecord) -> Any:
         raise NotImplementedError
 
-    def collect(self, raw: dict | None) -> FactValue:
+    def collect(self, raw: RawRecord | None) -> FactValue:
         """Parse a raw record; every failure becomes `unknown` with its reason, never a crash."""
         if raw is None:
             return FactValue.unknown("not gathered")
@@ -116,7 +119,7 @@ class Fact:
                                      f"{type(exc).__name__}: {exc}", prov)
 
 
-def failure(raw: dict) -> str | None:
+def failure(raw: RawRecord) -> str | None:
     """Why a raw record holds no output, in words (None when it ran fine)."""
     if raw.get("error"):
         return str(raw["error"])
@@ -131,7 +134,7 @@ def failure(raw: dict) -> str | None:
     return f"`{raw.get('command')}` exited {code}" + (f": {tail[-1]}" if tail else "")
 
 
-def ok_output(raw: dict) -> str:
+def ok_output(raw: RawRecord) -> str:
     """stdout of a record that ran fine; Unavailable with the reason otherwise."""
     why = failure(raw)
     if why:

@@ -11,7 +11,7 @@ import errno
 from typing import Any
 
 from ..bounded import loads
-from .base import Command, Fact, Unavailable, ok_output
+from .base import RawRecord, Command, Fact, Unavailable, ok_output
 
 MAX_HEADER = 100 * 1024 * 1024     # what the safetensors parsers accept
 
@@ -22,7 +22,7 @@ class ConfigJson(Fact):
     def command(self, model: str = "", **kwargs: Any) -> Command:
         return Command("read", target=f"{model.rstrip('/')}/config.json", limit=4 << 20)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         data = loads(ok_output(raw), str(raw.get("command")))
         if not isinstance(data, dict):
             raise Unavailable("config.json is not a JSON object")
@@ -36,10 +36,13 @@ class HfQuantConfig(Fact):
         return Command("read", target=f"{model.rstrip('/')}/hf_quant_config.json",
                        limit=4 << 20)
 
-    def process(self, raw: dict) -> dict | None:
+    def process(self, raw: RawRecord) -> dict[str, Any] | None:
         if raw.get("exit_code") == errno.ENOENT:
             return None
-        return loads(ok_output(raw), str(raw.get("command")))
+        data = loads(ok_output(raw), str(raw.get("command")))
+        if not isinstance(data, dict):
+            raise Unavailable("hf_quant_config.json is not a JSON object")
+        return data
 
 
 class SafetensorsIndex(Fact):
@@ -53,10 +56,12 @@ class SafetensorsIndex(Fact):
         return Command("read", target=f"{model.rstrip('/')}/model.safetensors.index.json",
                        limit=256 << 20)
 
-    def process(self, raw: dict) -> dict | None:
+    def process(self, raw: RawRecord) -> dict[str, Any] | None:
         if raw.get("exit_code") == errno.ENOENT:
             return None
         data = loads(ok_output(raw), str(raw.get("command")))
+        if not isinstance(data, dict):
+            raise Unavailable("index is not a JSON object")
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict):
             raise Unavailable("index has no weight_map")
@@ -72,7 +77,7 @@ class SafetensorsHeader(Fact):
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("st-header", target=path)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         tensors = loads(ok_output(raw), str(raw.get("command")))
         for name, entry in tensors.items():
             if not isinstance(entry, dict) or "dtype" not in entry:

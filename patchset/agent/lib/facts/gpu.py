@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Command, Fact, Unavailable, ok_output
+from .base import RawRecord, Command, Fact, Unavailable, ok_output
 
 QUERY = "index,uuid,name,compute_cap,driver_version"
 
@@ -19,7 +19,7 @@ class GpuList(Fact):
     def command(self, **kwargs: Any) -> Command:
         return Command("run", ("nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader"))
 
-    def process(self, raw: dict) -> list[dict]:
+    def process(self, raw: RawRecord) -> list[dict[str, Any]]:
         out = ok_output(raw)
         gpus = []
         for line in out.splitlines():

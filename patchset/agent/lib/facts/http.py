@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..bounded import loads
-from .base import Command, Fact, Unavailable, failure
+from .base import RawRecord, Command, Fact, Unavailable, failure
 
 
-def _json_body(raw: dict) -> Any:
+def _json_body(raw: RawRecord) -> Any:
     why = failure(raw)
     if why:
         raise Unavailable(why)
@@ -32,7 +32,7 @@ class _JsonEndpoint(Fact):
                 **kwargs: Any) -> Command:
         return Command("http", target=base.rstrip("/") + (path or self.paths[0]))
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         body = _json_body(raw)
         if not isinstance(body, dict):
             raise Unavailable(f"{raw.get('command')}: not a JSON object")
@@ -63,7 +63,7 @@ class Health(Fact):
                 **kwargs: Any) -> Command:
         return Command("http", target=base.rstrip("/") + path)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         status = raw.get("status")
         return {"status": status, "ok": status == 200,
                 "error": raw.get("error") or (None if status == 200 else f"HTTP {status}")}

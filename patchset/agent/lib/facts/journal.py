@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from ..redact import MARK, Redactor
-from .base import Command, Fact, Unavailable, failure
+from .base import RawRecord, Command, Fact, Unavailable, failure
 
 PREFIX = "server_args=ServerArgs("
 GREP = r"server_args=ServerArgs\("       # journalctl --grep: PCRE2, case-sensitive (capitals)
@@ -35,7 +35,7 @@ class ServerArgsLog(Fact):
                                "--lines=1", f"--grep={GREP}", f"--unit={unit}",
                                f"_PID={int(pid)}"))
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         out = raw.get("stdout") or ""
         if raw.get("exit_code") == 1 and not out.strip():
             err = (raw.get("stderr") or "").strip().splitlines()
@@ -54,7 +54,7 @@ class ServerArgsLog(Fact):
         return parse_server_args(lines[-1])
 
 
-def parse_server_args(line: str) -> dict:
+def parse_server_args(line: str) -> dict[str, Any]:
     """`... server_args=ServerArgs(a=1, b='x', c=Conf(...))` -> {"args": {"a": 1, "b": "x"},
     "unparsed": ["c"], "truncated": False}. Tolerant: a value that is not a literal (a nested
     dataclass, an enum's `<X.Y: 1>`) is named in `unparsed`; a line cut short (journald's

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import Command, Fact, Unavailable, ok_output
+from .base import RawRecord, Command, Fact, Unavailable, ok_output
 
 
 class ProcScan(Fact):
@@ -20,7 +20,7 @@ class ProcScan(Fact):
     def command(self, **kwargs: Any) -> Command:
         return Command("scan", target="/proc")
 
-    def process(self, raw: dict) -> list[dict]:
+    def process(self, raw: RawRecord) -> list[dict[str, Any]]:
         procs = []
         for line in ok_output(raw).splitlines():
             pid, ppid, start, args = line.split("\t", 3)
@@ -35,7 +35,7 @@ class ProcCmdline(Fact):
     def command(self, pid: int = 0, **kwargs: Any) -> Command:
         return Command("read", target=f"/proc/{pid}/cmdline", limit=1 << 20)
 
-    def process(self, raw: dict) -> list[str]:
+    def process(self, raw: RawRecord) -> list[str]:
         text = ok_output(raw)
         if not text:
             raise Unavailable(f"{raw.get('command')}: empty (a zombie or kernel thread)")
@@ -48,7 +48,7 @@ class ProcEnviron(Fact):
     def command(self, pid: int = 0, **kwargs: Any) -> Command:
         return Command("read", target=f"/proc/{pid}/environ", limit=4 << 20)
 
-    def process(self, raw: dict) -> dict[str, str]:
+    def process(self, raw: RawRecord) -> dict[str, str]:
         if raw.get("exit_code") == 13:
             raise Unavailable(f"permission denied reading {raw.get('command', '')[5:]} "
                               "(audit as root or as the service's user)")
@@ -67,7 +67,7 @@ class ProcStat(Fact):
     def command(self, pid: int = 0, **kwargs: Any) -> Command:
         return Command("read", target=f"/proc/{pid}/stat", limit=4096)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         text = ok_output(raw)
         head, _, tail = text.rpartition(")")
         pid, _, comm = head.partition(" (")
@@ -82,7 +82,7 @@ class HostClock(Fact):
     def command(self, **kwargs: Any) -> Command:
         return Command("read", target="/proc/stat", limit=1 << 16)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         for line in ok_output(raw).splitlines():
             if line.startswith("btime "):
                 return {"btime": int(line.split()[1]), "clk_tck": int(raw.get("clk_tck") or 100),
@@ -98,7 +98,7 @@ class ConfigFile(Fact):
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("read", target=path, limit=1 << 16)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         keys = [line.strip() for line in ok_output(raw).splitlines() if line.strip()]
         return {"keys": keys, "stat": raw.get("stat")}
 

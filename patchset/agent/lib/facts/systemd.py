@@ -6,7 +6,7 @@ import re
 import shlex
 from typing import Any
 
-from .base import Command, Fact, Unavailable, ok_output
+from .base import RawRecord, Command, Fact, Unavailable, ok_output
 
 SHOW_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID",
                    "NRestarts", "ExecMainStartTimestampMonotonic", "ExecMainStatus",
@@ -32,7 +32,7 @@ class UnitFiles(Fact):
         return Command("run", ("systemctl", "list-unit-files", "--no-legend", "--no-pager",
                                "--type=service", pattern))
 
-    def process(self, raw: dict) -> list[str]:
+    def process(self, raw: RawRecord) -> list[str]:
         if raw.get("exit_code") == 1 and not (raw.get("stdout") or "").strip():
             return []               # systemctl exits 1 when nothing matches
         return _names(ok_output(raw))
@@ -45,7 +45,7 @@ class LoadedUnits(Fact):
         return Command("run", ("systemctl", "list-units", "--all", "--plain", "--no-legend",
                                "--no-pager", "--type=service", pattern))
 
-    def process(self, raw: dict) -> list[str]:
+    def process(self, raw: RawRecord) -> list[str]:
         return _names(ok_output(raw))
 
 
@@ -57,7 +57,7 @@ class UnitShow(Fact):
         return Command("run", ("systemctl", "show", "--no-pager",
                                "-p", ",".join(SHOW_PROPERTIES), "--", unit))
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         props = parse_show(ok_output(raw))
         if props.get("LoadState") == "not-found":
             raise Unavailable(f"unit {props.get('Id', '?')} not found")
@@ -134,7 +134,7 @@ class UnitFile(Fact):
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("read", target=path, limit=1 << 20)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         sections: dict[str, dict[str, list[str]]] = {}
         current = sections.setdefault("", {})
         text = ok_output(raw).replace("\\\n", " ")
@@ -157,7 +157,7 @@ class EnvironmentFile(Fact):
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("read", target=path, limit=1 << 20)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         return {"values": parse_env_file(ok_output(raw)), "stat": raw.get("stat")}
 
 

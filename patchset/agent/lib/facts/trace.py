@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..bounded import loads
-from .base import Command, Fact, Unavailable, ok_output
+from .base import RawRecord, Command, Fact, Unavailable, ok_output
 
 MAX_FILES = 256
 MAX_BYTES = 256 << 10
@@ -27,7 +27,7 @@ class TraceRecords(Fact):
     def command(self, path: str = "", **kwargs: Any) -> Command:
         return Command("trace-dir", target=path, limit=MAX_BYTES)
 
-    def process(self, raw: dict) -> list[dict]:
+    def process(self, raw: RawRecord) -> list[dict[str, Any]]:
         files = loads(ok_output(raw) or "{}", str(raw.get("command")))
         if not isinstance(files, dict):
             raise Unavailable("the trace directory listing is not an object")

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..bounded import loads
-from .base import Command, Fact, Unavailable, ok_output
+from .base import RawRecord, Command, Fact, Unavailable, ok_output
 
 FIND_SPEC = ("import importlib.util as u, json, sys; s = u.find_spec(sys.argv[1]); "
              "print(json.dumps({'origin': s.origin if s else None, "
@@ -20,7 +20,7 @@ class TreeStatus(Fact):
     def command(self, tree: str = "", **kwargs: Any) -> Command:
         return Command("engine", ("status",), target=tree)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         ok_output(raw)
         result = raw.get("data")
         if not isinstance(result, dict):
@@ -40,7 +40,7 @@ class ImportOrigin(Fact):
         env = (("PYTHONPATH", pythonpath),) if pythonpath else ()
         return Command("run", (python, "-c", FIND_SPEC, package), cwd=cwd, env=env)
 
-    def process(self, raw: dict) -> dict:
+    def process(self, raw: RawRecord) -> dict[str, Any]:
         out = ok_output(raw).strip().splitlines()
         if not out:
             raise Unavailable("the interpreter printed nothing")

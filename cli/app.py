@@ -22,6 +22,9 @@ from patchset.agent.lib import safewrite
 from ..errors import Exit, PatchsetError, UsageError
 
 if TYPE_CHECKING:
+    from patchset.auditor.rank import Access
+    from patchset.auditor.waivers import WaiverFile
+    from patchset.connect.inventory import Inventory
     from patchset.series.model import Series
 
 
@@ -300,6 +303,35 @@ def resolver_for(series: Series, inventory: Optional[Path], target: Optional[Pat
 def ship_base(series: Series):
     from patchset.connect.resolve import base_provider
     return base_provider(series, RichProgress())
+
+
+def audit_access(inventory: Inventory, specs: list[str], inventory_file: Optional[Path] = None,
+                 series_file: Optional[Path] = None) -> Access:
+    """How an audit report's suggested commands reach each host (its ssh command line, its
+    address for URLs; `patchset probe HOST` for a host whose inventory roles give a probe
+    a port), and the --inventory/--series they carry: the files the audit was given on
+    its command line (None: it used the default, which the suggested command finds again
+    the same way)."""
+    from patchset.auditor.rank import Access
+    from patchset.connect.tunnel import role_target
+    out = Access(inventory=str(inventory_file) if inventory_file else None,
+                 series=str(series_file) if series_file else None)
+    for spec in specs:
+        host = inventory.resolve(spec)
+        if spec in inventory.hosts and role_target(host) is not None:
+            out.probe_hosts += (spec,)
+        if not host.local:
+            out.ssh[spec] = host.ssh_argv()
+            out.addresses[spec] = host.address
+    return out
+
+
+def load_waivers(option: Optional[Path], disabled: bool) -> WaiverFile | None:
+    """`--waivers FILE`, else ./waivers.yaml when it exists, none with `--no-waivers`;
+    validated whole (exit 2) before any host is contacted."""
+    from patchset.auditor import policy, waivers
+    path = waivers.locate(option, disabled)
+    return waivers.load(path, policy.load()) if path is not None else None
 
 
 def finish(results, as_json: bool, verb: str) -> None:

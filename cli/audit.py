@@ -6,10 +6,39 @@ from typing import List, Optional
 
 import typer
 
+from ..errors import UsageError
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, ForksOpt, InventoryOpt, JsonOpt, NoWaiversOpt,
-                  ProbeTimeoutOpt, SeriesOpt, TargetOpt, WaiversOpt, app, emit_json, esc,
-                  host_error, load, term, output_file, resolver_for, say, write_output)
+                  ProbeTimeoutOpt, SeriesOpt, TargetOpt, WaiversOpt, app, audit_access,
+                  emit_json, esc, host_error, load, load_waivers, term, output_file,
+                  resolver_for, say, write_output)
 
+
+def _audit(series, transports, symptom, inventory, specs, probes=None, inventory_file=None,
+           series_file=None, measured=(), waivers=None, forks=None):
+    """One library call (auditor.api.audit) for `audit` and `trace`: the report, its JSON
+    form and its exit code. The transports come from the resolver (audit_transport) and
+    the `--probe` probes from isolate (audit_probes): the CLI passes both in, so the
+    read-only auditor imports neither."""
+    from patchset.auditor import api
+    from patchset.auditor.cohorts import from_inventory
+    from patchset.auditor.report import to_dict
+    steps = audit_access(inventory, specs, inventory_file, series_file)
+    steps.measured = tuple(measured)          # --measured (auditor/measured.py load_all)
+    report = api.audit(series, transports, symptom, steps, probes=probes, waivers=waivers,
+                       cohorts=from_inventory(inventory, series),
+                       forks=api.DEFAULT_FORKS if forks is None else forks)
+    return report, to_dict(report), api.exit_code(report)
+
+
+def _summary_line(data: dict) -> str:
+    c = data["summary"]["checks"]
+    down = data["summary"]["unreachable"]
+    waived, notes = data["summary"].get("waived"), data["summary"].get("notes")
+    return (f"{data['summary']['hosts']} host(s): {c['fail']} failed, {c['warn']} warnings, "
+            f"{c['unknown']} unknown, {c['pass']} passed"
+            + (f", {waived} waived" if waived else "")
+            + (f", unreachable: {', '.join(down)}" if down else "")
+            + (f"; {notes} info note(s), not counted" if notes else ""))
 
 
 # ---------------------------------------------------------------- audit (live facts, checks)
@@ -44,26 +73,26 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     run the checks (and with --probe the fidelity probes of `patchset probe`), apply the
     waivers, rank suspects for a symptom. Exit 0 clean (waived findings aside), 1 findings
     (a failed probe too), 3 unreachable."""
-    from patchset.auditor import cli_support
     from patchset.auditor.measured import load_all as load_measured
-    from patchset.auditor.render import render
+    from patchset.auditor.render import FORMATS, render
     from patchset.isolate.measure.probe import audit_probes
     s = load(series)
-    cli_support.check_format(fmt)
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     runs = load_measured(measured or [], hosts, s, symptom)     # before any host is contacted
-    waived = cli_support.load_waivers(waivers, no_waivers)      # likewise
+    waived = load_waivers(waivers, no_waivers)                  # likewise
     with resolver_for(s, inventory, target, accept_new) as resolver:
         plan = audit_probes(probe, probe_sizes, api_key_env, probe_timeout,
                             resolver.inventory, hosts, resolver.endpoint)
         transports = [resolver.audit_transport(h) for h in hosts]
-        report, data, code = cli_support.run(s, transports, symptom, resolver.inventory, hosts,
-                                             plan, inventory_file=inventory, series_file=series,
-                                             measured=runs, waivers=waived, forks=forks)
+        report, data, code = _audit(s, transports, symptom, resolver.inventory, hosts, plan,
+                                    inventory_file=inventory, series_file=series,
+                                    measured=runs, waivers=waived, forks=forks)
     color = fmt == "terminal" and output is None and sys.stdout.isatty()
     text = render(data, fmt, color=color)
     if output is not None:
         write_output(output, text)
-        say(f"{cli_support.summary_line(data)}; report written to {output}")
+        say(f"{_summary_line(data)}; report written to {output}")
     else:
         sys.stdout.write(text)
     if code:
@@ -82,12 +111,12 @@ def trace(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     by deploy): per patch the targets that ran (first call) and those that did not. Exit
     0, 1 when what ran contradicts what is declared, 3 unreachable, 5 nothing observed on
     a host (no server there traced: no verdict, never a pass)."""
-    from patchset.auditor import cli_support, traceview
+    from patchset.auditor import traceview
     from patchset.errors import Exit
     s = load(series)
     with resolver_for(s, inventory, target, accept_new) as resolver:
         transports = [resolver.audit_transport(h) for h in hosts]
-        report, data, _ = cli_support.run(s, transports, None, resolver.inventory, hosts)
+        report, data, _ = _audit(s, transports, None, resolver.inventory, hosts)
     views = traceview.view(report)
     if as_json:
         emit_json(traceview.to_json(views))

@@ -6,7 +6,8 @@ from typing import List, Optional
 import typer
 
 from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, NoWaiversOpt, ProbeTimeoutOpt,
-                  RequestSecondsOpt, SeriesOpt, TargetOpt, WaiversOpt, app, load, resolver_for, say)
+                  RequestSecondsOpt, SeriesOpt, TargetOpt, WaiversOpt, app, audit_access, load,
+                  load_waivers, resolver_for, say)
 
 
 @app.command()
@@ -40,21 +41,21 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
     import signal
     import threading
 
-    from patchset.auditor import api, cli_support, exporter, policy
+    from patchset.auditor import api, exporter, policy
     from patchset.auditor.cohorts import from_inventory as cohorts_from
     from patchset.auditor.report import to_dict
     from patchset.isolate.measure.probe import audit_probes
     s = load(series)
     period = exporter.parse_duration(interval)
     address, port = exporter.parse_listen(listen, public)
-    waived = cli_support.load_waivers(waivers, no_waivers)
+    waived = load_waivers(waivers, no_waivers)
     specs = list(dict.fromkeys(hosts))
     with resolver_for(s, inventory, target, accept_new) as resolver:    # bad input: exit 2
         for spec in specs:
             resolver.inventory.resolve(spec)
         audit_probes(probe, probe_sizes, api_key_env, probe_timeout, resolver.inventory,
                      specs, resolver.endpoint)
-        steps = cli_support.access(resolver.inventory, specs, inventory, series)
+        steps = audit_access(resolver.inventory, specs, inventory, series)
         cohorts = cohorts_from(resolver.inventory, s)       # bad input: exit 2
     pol = policy.load()
     request = api.gather_request(s, pol)

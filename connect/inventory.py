@@ -54,6 +54,17 @@ class Host:
     def local(self) -> bool:
         return self.address in ("localhost", "local") and self.name in ("localhost", "local")
 
+    def ssh_argv(self) -> list[str]:
+        """The ssh command line that reaches this host (port, ProxyJump, user@address),
+        before the remote command: how a suggested command is run on it by hand."""
+        argv = ["ssh"]
+        if self.port:
+            argv += ["-p", str(self.port)]
+        if self.proxy_jump:
+            argv += ["-J", self.proxy_jump]
+        argv.append(f"{self.user}@{self.address}" if self.user else self.address)
+        return argv
+
 
 @dataclass(frozen=True)
 class Cohort:

@@ -176,16 +176,16 @@ def test_local_remedies_carry_the_options_remote_ones_do_not(series, seed) -> No
 
 
 def test_only_explicit_files_are_carried(tmp_path) -> None:
-    from patchset.auditor import cli_support
+    from patchset.cli.app import audit_access
     from patchset.connect import inventory as inv
     path = tmp_path / "hosts.yaml"
     path.write_text("version: 1\nhosts:\n  gpu1: {address: 10.0.0.5, roles: {decode: "
                     "{port: 30001}}}\n  gpu2: {address: 10.0.0.6}\n")
     loaded = inv.load(path)
-    default = cli_support.access(loaded, ["gpu1", "gpu2", "root@10.0.0.7"])
+    default = audit_access(loaded, ["gpu1", "gpu2", "root@10.0.0.7"])
     assert (default.inventory, default.series, default.options()) == (None, None, "")
     assert default.probe_hosts == ("gpu1",)
-    given = cli_support.access(loaded, ["gpu1"], path, Path("a b/patches.yaml"))
+    given = audit_access(loaded, ["gpu1"], path, Path("a b/patches.yaml"))
     assert given.options() == f" --inventory {shlex.quote(str(path))} --series 'a b/patches.yaml'"
     assert given.options(series=False) == f" --inventory {shlex.quote(str(path))}"
 

@@ -112,3 +112,10 @@ def test_missing_default_inventory_is_empty(tmp_path: Path, monkeypatch) -> None
     assert inv.hosts == {} and inv.default is None
     with pytest.raises(ManifestError, match="not found"):
         load(tmp_path / "missing.yaml")
+
+
+def test_a_host_builds_its_own_ssh_command_line() -> None:
+    assert parse_spec("10.0.0.7").ssh_argv() == ["ssh", "10.0.0.7"]
+    assert parse_spec("root@[::1]:2222").ssh_argv() == ["ssh", "-p", "2222", "root@::1"]
+    jump = Host(name="gpu1", address="10.0.0.5", user="ops", port=22, proxy_jump="bastion")
+    assert jump.ssh_argv() == ["ssh", "-p", "22", "-J", "bastion", "ops@10.0.0.5"]

@@ -20,7 +20,8 @@ from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetErro
 from patchset.series.model import Patch, Series
 from patchset.series.selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
 
-from patchset.agent.lib.records import StatusRecord, UnitStatus
+from patchset.agent.lib.records import (FileChange, PatchSpec, StatusRecord, TraceSpec,
+                                        UnitStatus)
 
 if TYPE_CHECKING:
     # Imported where used: `list`, `show` and `plan` do not load the transport's tarfile.
@@ -38,14 +39,16 @@ def base_files(series: Series) -> dict[str, str | None]:
     return out
 
 
-def patch_spec(patch: Patch) -> dict[str, Any]:
-    return {"name": patch.name, "sha256": patch.sha256, "file": patch.file,
-            "summary": patch.summary, "depends": list(patch.depends), "tier": patch.tier,
-            "path": patch.path,
-            "gate": {"env": patch.gate.env, "on": patch.gate.on} if patch.gate else None,
-            "files": [{"path": c.path, "pre": c.pre, "post": c.post} for c in patch.files],
-            "trace": [{"module": t.module, "qualname": t.qualname, "file": t.file}
-                      for t in patch.trace], "trace_mode": patch.trace_mode}
+def patch_spec(patch: Patch) -> PatchSpec:
+    """The manifest's patch as apply and revert send it to the engine."""
+    return PatchSpec(name=patch.name, sha256=patch.sha256, file=patch.file,
+                     summary=patch.summary, depends=list(patch.depends), tier=patch.tier,
+                     path=patch.path,
+                     gate={"env": patch.gate.env, "on": patch.gate.on} if patch.gate else None,
+                     files=[FileChange(path=c.path, pre=c.pre, post=c.post)
+                            for c in patch.files],
+                     trace=[TraceSpec(module=t.module, qualname=t.qualname, file=t.file)
+                            for t in patch.trace], trace_mode=patch.trace_mode)
 
 
 def make_request(series: Series, op: str, patches: Iterable[Patch] = (),

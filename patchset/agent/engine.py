@@ -43,8 +43,9 @@ from .lib.crashpoint import crash_point
 from .lib.gitenv import run_git
 from .lib.gitblob import EngineError, blob_id, file_diff, git, git_apply, text_or_refuse
 from .lib.protocol import Events, ended, killed
-from .lib.records import (AppliedPatch, Drift, Interpreter, Interrupted, StateError,
-                          StatusPatch, StatusRecord, TreeState, UnitStatus, now_stamp)
+from .lib.records import (AppliedPatch, Drift, Interpreter, Interrupted, PatchSpec,
+                          StateError, StatusPatch, StatusRecord, TreeState, UnitStatus,
+                          now_stamp)
 
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
@@ -403,20 +404,20 @@ class Staging:
                 return data
         return self.target.read_blob(blob)
 
-    def apply(self, spec: dict, patch_file: Path) -> list[tuple[str, bytes | None]]:
+    def apply(self, spec: PatchSpec, patch_file: Path) -> list[tuple[str, bytes | None]]:
         """Apply one patch with `git apply`, all or nothing; return its files after. The
         pre-image blob ids are checked before and the post-image ids after, so the result
         is exactly what the patch recorded (zero fuzz, no offset can change it)."""
-        for change in spec["files"]:
-            self._expect(spec["name"], change["path"], change["pre"], "pre-image")
+        for change in spec.files:
+            self._expect(spec.name, change.path, change.pre, "pre-image")
         try:
             git_apply(self.work, patch_file.read_bytes(), self.dir)
         except EngineError as exc:
-            raise EngineError(f"patch {spec['name']} does not apply on the base with the "
+            raise EngineError(f"patch {spec.name} does not apply on the base with the "
                               f"patches before it: {exc}", "target") from None
-        for change in spec["files"]:
-            self._expect(spec["name"], change["path"], change["post"], "post-image")
-        return [(c["path"], self.content(c["path"])) for c in spec["files"]]
+        for change in spec.files:
+            self._expect(spec.name, change.path, change.post, "post-image")
+        return [(c.path, self.content(c.path)) for c in spec.files]
 
     def _expect(self, name: str, path: str, blob: str | None, what: str) -> None:
         """Full 40-hex ids in the message: a 12-hex prefix can be the same for both."""
@@ -436,35 +437,35 @@ class Staging:
 Step = list[tuple[str, "bytes | None"]]   # one patch's files after it: (path, content)
 
 
-def build(target: Target, desired: list[dict], bundle: Path, base_files: dict,
+def build(target: Target, desired: list[PatchSpec], bundle: Path, base_files: dict,
           extra_paths: set[str], where: Path | None = None) -> tuple[Staging, list[Step]]:
     """Apply `desired` onto the base in staging; returns each patch's resulting files.
     A patch that does not apply removes the staging at once (nothing is left behind)."""
-    paths = sorted({c["path"] for s in desired for c in s["files"]} | extra_paths)
+    paths = sorted({c.path for s in desired for c in s.files} | extra_paths)
     staging = Staging(target, where)
     try:
         staging.seed(paths, base_files)
-        steps = [staging.apply(spec, bundle / spec["file"]) for spec in desired]
+        steps = [staging.apply(spec, bundle / spec.file) for spec in desired]
     except BaseException:
         staging.remove()
         raise
     return staging, steps
 
 
-def check_patch_file(spec: dict, bundle: Path) -> None:
-    path = bundle / spec["file"]
+def check_patch_file(spec: PatchSpec, bundle: Path) -> None:
+    path = bundle / spec.file
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
-        raise EngineError(f"patch file {spec['file']} missing from the bundle", "usage") from None
-    if digest != spec["sha256"]:
-        raise EngineError(f"patch {spec['name']}: file sha256 {digest} != "
-                          f"{spec['sha256']} (changed in transit?)", "usage")
+        raise EngineError(f"patch file {spec.file} missing from the bundle", "usage") from None
+    if digest != spec.sha256:
+        raise EngineError(f"patch {spec.name}: file sha256 {digest} != "
+                          f"{spec.sha256} (changed in transit?)", "usage")
 
 
 # ---------------------------------------------------------------- git commits
 
-def write_commits(target: Target, base_commit: str, desired: list[dict],
+def write_commits(target: Target, base_commit: str, desired: list[PatchSpec],
                   steps: list[Step]) -> list[str]:
     """One deterministic commit per patch, written by one `git fast-import` (the work tree,
     the index and HEAD untouched until the switch; TXN_REF, which fast-import needs, is
@@ -485,8 +486,8 @@ def write_commits(target: Target, base_commit: str, desired: list[dict],
     who = f"{AUTHOR[0]} <{AUTHOR[1]}> {when} +0000"
     stream = []
     for number, (spec, step) in enumerate(zip(desired, steps), start=1):
-        message = (f"{spec['name']}: {spec.get('summary', '')}\n\n"
-                   f"Patchset-Name: {spec['name']}\nPatchset-Sha256: {spec['sha256']}\n"
+        message = (f"{spec.name}: {spec.summary}\n\n"
+                   f"Patchset-Name: {spec.name}\nPatchset-Sha256: {spec.sha256}\n"
                    ).encode()
         stream.append(f"commit {TXN_REF}\nmark :{number}\nauthor {who}\ncommitter {who}\n"
                       .encode() + b"data %d\n" % len(message) + message)
@@ -722,7 +723,7 @@ def _log_recovery(target: Target, done: dict) -> None:
 
 # ---------------------------------------------------------------- operations
 
-def transition(target: Target, request: wire.TreeChangeRequest, desired: list[dict],
+def transition(target: Target, request: wire.TreeChangeRequest, desired: list[PatchSpec],
                bundle: Path) -> wire.ApplyResult:
     """Move the target from its current state to base + `desired` (in order)."""
     state = target.state()
@@ -730,7 +731,7 @@ def transition(target: Target, request: wire.TreeChangeRequest, desired: list[di
     refuse_if_dirty(target, state, _written(state, request, desired))
     base_files = _base_files(target, state, request)
     current = [(a.name, a.sha256) for a in state.applied] if state else []
-    if state is not None and current == [(s["name"], s["sha256"]) for s in desired]:
+    if state is not None and current == [(s.name, s.sha256) for s in desired]:
         return _result(target, state, changed=False, before=current)
     for spec in desired:
         check_patch_file(spec, bundle)
@@ -740,7 +741,7 @@ def transition(target: Target, request: wire.TreeChangeRequest, desired: list[di
         with tempfile.TemporaryDirectory(prefix="patchset-dry-run-") as scratch:
             build(target, desired, bundle, base_files, set(base_files), Path(scratch) / "txn")
         return wire.ApplyResult(changed=True, dry_run=True, before=[n for n, _ in current],
-                                after=[s["name"] for s in desired])
+                                after=[s.name for s in desired])
     # Build first: a patch that does not apply leaves the target as it was (no .patchset
     # content store, no exclude line, no staging).
     staging, steps = build(target, desired, bundle, base_files, set(base_files))
@@ -749,7 +750,7 @@ def transition(target: Target, request: wire.TreeChangeRequest, desired: list[di
         _store_base(target, state, base_files)
         crash_point("staged")
         new_state = _new_state(target, request, state, base_files, desired, staging)
-        journal = _journal(target, request, state, desired, staging, steps, new_state)
+        journal = _journal(target, request, state, desired, staging, steps, new_state, bundle)
     except BaseException:
         staging.remove()
         raise
@@ -771,10 +772,10 @@ def refuse_links(target: Target, paths: list[str]) -> None:
 
 
 def _written(state: TreeState | None, request: wire.TreeChangeRequest,
-             desired: list[dict]) -> list[str]:
+             desired: list[PatchSpec]) -> list[str]:
     """Every file this transition may write: managed so far, or touched by the series."""
     return sorted(set(state.files if state else ()) | set(request.base_files)
-                  | {c["path"] for s in desired for c in s["files"]})
+                  | {c.path for s in desired for c in s.files})
 
 
 def _base_files(target: Target, state: TreeState | None,
@@ -797,25 +798,24 @@ def _store_base(target: Target, state: TreeState | None, base_files: dict) -> No
 
 
 def _new_state(target: Target, request: wire.TreeChangeRequest, state: TreeState | None, base_files: dict,
-               desired: list[dict], staging: Staging) -> TreeState:
+               desired: list[PatchSpec], staging: Staging) -> TreeState:
     files = {path: (blob_id(c) if (c := staging.content(path)) is not None else None)
-             for path in sorted(set(base_files) | {c["path"] for s in desired for c in s["files"]})}
+             for path in sorted(set(base_files) | {c.path for s in desired for c in s.files})}
     return TreeState(
         tool_version=request.tool_version, updated=now_stamp(),
         kind="git" if target.is_git else "plain", layout=target.layout,
         upstream=request.upstream if state is None else state.upstream,
         base={"commit": (state.base.get("commit") if state else None) or target.head(),
               "files": base_files},
-        applied=[AppliedPatch.from_json({k: s[k] for k in (
-            "name", "sha256", "summary", "depends", "gate", "path", "tier", "files", "trace",
-            "trace_mode") if k in s}) for s in desired],
+        applied=[AppliedPatch.from_spec(s) for s in desired],
         head=None, files=files)
 
 
-def _journal(target: Target, request: wire.TreeChangeRequest, state: TreeState | None, desired: list[dict],
-             staging: Staging, steps: list, new_state: TreeState) -> dict:
+def _journal(target: Target, request: wire.TreeChangeRequest, state: TreeState | None,
+             desired: list[PatchSpec], staging: Staging, steps: list, new_state: TreeState,
+             bundle: Path) -> dict:
     for spec in desired:
-        _keep_patch_copy(target, spec, staging)
+        _keep_patch_copy(target, spec, bundle)
     old = state.files if state else request.base_files
     files = {p: {"old": old.get(p), "new": b} for p, b in new_state.files.items()
              if old.get(p) != b}
@@ -836,10 +836,11 @@ def _journal(target: Target, request: wire.TreeChangeRequest, state: TreeState |
             "old_head": target.head(), "new_head": new_head, "state": new_state.to_json()}
 
 
-def _keep_patch_copy(target: Target, spec: dict, staging: Staging) -> None:
-    dest = target.meta / "patches" / f"{spec['sha256']}.patch"
+def _keep_patch_copy(target: Target, spec: PatchSpec, bundle: Path) -> None:
+    """The tree's own copy of each applied patch file: what a revert re-applies from."""
+    dest = target.meta / "patches" / f"{spec.sha256}.patch"
     if not dest.exists():
-        write_atomic(dest, Path(spec["_source"]).read_bytes(), target.root)
+        write_atomic(dest, (bundle / spec.file).read_bytes(), target.root)
 
 
 def _result(target: Target, state: TreeState, changed: bool, before: list) -> wire.ApplyResult:
@@ -848,8 +849,7 @@ def _result(target: Target, state: TreeState, changed: bool, before: list) -> wi
 
 
 def op_apply(target: Target, request: wire.ApplyRequest, bundle: Path) -> wire.ApplyResult:
-    desired = [dict(s, _source=str(bundle / s["file"])) for s in request.patches]
-    return transition(target, request, desired, bundle)
+    return transition(target, request, list(request.patches), bundle)
 
 
 def op_revert(target: Target, request: wire.RevertRequest, bundle: Path) -> wire.RevertResult:
@@ -869,9 +869,7 @@ def op_revert(target: Target, request: wire.RevertRequest, bundle: Path) -> wire
                           "revert those too with --with-dependents", "usage")
     remove |= set(dependents)
     patches = target.meta / "patches"
-    desired = [dict(a.to_json(), file=f"{a.sha256}.patch",
-                    _source=str(patches / f"{a.sha256}.patch"))
-               for a in applied if a.name not in remove]
+    desired = [a.spec() for a in applied if a.name not in remove]
     result = transition(target, request, desired, patches)
     return wire.RevertResult(**vars(result),
                              reverted=[n for n in names if n in remove] or sorted(done))
@@ -1022,7 +1020,7 @@ def trace_targets(target: Target, state: TreeState | None) -> dict[str, list[dic
     if state is None or not state.applied:
         return {}
     patches = target.meta / "patches"
-    desired = [dict(a.to_json(), file=f"{a.sha256}.patch") for a in state.applied]
+    desired = [a.spec() for a in state.applied]
     with tempfile.TemporaryDirectory(prefix="patchset-trace-") as scratch:
         staging, steps = build(target, desired, patches, state.base["files"],
                                set(state.base["files"]), Path(scratch) / "txn")

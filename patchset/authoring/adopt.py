@@ -625,9 +625,7 @@ def _put_under_management(series: Series, transport: Transport,
     base_files = api.base_files(series)
     applied = []
     for patch in series.patches:
-        spec = api.patch_spec(patch)
-        spec.pop("file")
-        applied.append(AppliedPatch.from_json(spec))
+        applied.append(AppliedPatch.from_spec(api.patch_spec(patch)))
     state = TreeState(updated=now_stamp(), kind="git" if adopt_plan.layout == "git" else "plain",
                       layout=adopt_plan.layout,
                       upstream={"name": series.upstream.name, "version": series.upstream.version},

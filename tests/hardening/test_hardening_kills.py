@@ -32,6 +32,8 @@ from patchset.series.selection import Selection, plan
 from patchset.pin.upstream import materialize
 from tests.seriesfactory import CHAT, DSV4, INDEXER
 
+pytestmark = pytest.mark.long
+
 WRAPPER = Path(__file__).resolve().parents[1] / "gitkill.py"
 TOUCHED = (CHAT, DSV4, INDEXER)
 KILLED = "was killed by SIGKILL"
@@ -174,9 +176,9 @@ def kill_matrix(op: str, series, pinned_base, tmp_path: Path, gitkill: GitKill) 
             assert KILLED in killed.error and "python3" not in killed.error, killed.error
             st = api.status(series, transport).record
             if st.interrupted:      # status names what the next command really does
-                assert st.interrupted["next"].startswith("the next apply or revert ")
-                if st.interrupted.get("git_locks"):
-                    assert "clears the stale git lock(s)" in st.interrupted["next"]
+                assert st.interrupted.next.startswith("the next apply or revert ")
+                if st.interrupted.git_locks:
+                    assert "clears the stale git lock(s)" in st.interrupted.next
             again = run(transport)
             assert again.ok, (mode, call, landed, again.error)
             got = exact(tree)
@@ -209,8 +211,8 @@ def test_status_says_what_the_next_command_does_and_it_does_it(
     assert "update-index failed" in killed.error and KILLED in killed.error
     assert (tree / ".git" / "index.lock").exists()
     st = api.status(series, transport).record
-    assert st.interrupted["git_locks"] == ".git/index.lock"
-    assert st.interrupted["next"] == ("the next apply or revert clears the stale git lock(s) "
+    assert st.interrupted.git_locks == ".git/index.lock"
+    assert st.interrupted.next == ("the next apply or revert clears the stale git lock(s) "
                                       ".git/index.lock (no git process is working in the "
                                       "tree) and finishes it")
     again = run(transport)
@@ -239,8 +241,8 @@ def test_a_lock_of_a_live_git_is_never_cleared(series, pinned_base, tmp_path: Pa
             time.sleep(0.01)
         assert (tree / ".git" / "index.lock").exists()
         st = api.status(series, transport).record
-        assert f"git (pid {live.pid})" in st.interrupted["next"]
-        assert st.interrupted["next"].startswith("the next apply or revert waits up to")
+        assert f"git (pid {live.pid})" in st.interrupted.next
+        assert st.interrupted.next.startswith("the next apply or revert waits up to")
         result = run(transport)
         assert not result.ok and f"git (pid {live.pid}) is working in" in result.error
         assert (tree / ".git" / "index.lock").exists()

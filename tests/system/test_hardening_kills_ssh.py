@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.hostutil import TREE, clean_tree, cli, on_host
 from tests.hardening.test_hardening_kills import KILLED, TOUCHED, WRAPPER, Tally
 from tests.hosts.nspawn import TestHost
+
+pytestmark = [pytest.mark.hosts, pytest.mark.long]
 
 # ---------------------------------------------------------------- over SSH
 

@@ -398,17 +398,20 @@ def test_a_patch_that_does_not_apply_is_gits_refusal_and_checked_blobs(tmp_path:
     after = FAR.replace(b"l20\n", b"twenty\n")
     patch_file = tmp_path / "p.patch"
     patch_file.write_bytes(git_patch(tmp_path, {"f": FAR}, {"f": after}))
-    spec = {"name": "p", "files": [{"path": "f", "pre": engine.blob_id(FAR),
-                                    "post": engine.blob_id(after)}]}
+    from dataclasses import replace
+
+    from patchset.agent.lib.records import FileChange, PatchSpec
+    change = FileChange(path="f", pre=engine.blob_id(FAR), post=engine.blob_id(after))
+    spec = PatchSpec(name="p", sha256="", file="p.patch", files=[change])
     edited = FAR.replace(b"l19\n", b"nineteen\n")
-    loose = dict(spec, files=[dict(spec["files"][0], pre=engine.blob_id(edited))])
+    loose = replace(spec, files=[replace(change, pre=engine.blob_id(edited))])
     with pytest.raises(EngineError, match="^patch p does not apply on the base with the "
                        "patches before it: patch failed: f:17; f: patch does not apply$"):
         staged(tmp_path / "edited", {"f": edited}).apply(loose, patch_file)
     with pytest.raises(EngineError, match="patch p does not apply: f pre-image is blob"):
         staged(tmp_path / "pre", {"f": edited}).apply(spec, patch_file)
     moved = b"new\n" * 2 + FAR
-    shifted = dict(spec, files=[dict(spec["files"][0], pre=engine.blob_id(moved))])
+    shifted = replace(spec, files=[replace(change, pre=engine.blob_id(moved))])
     with pytest.raises(EngineError, match="patch p gives the wrong result: f post-image is"):
         staged(tmp_path / "moved", {"f": moved}).apply(shifted, patch_file)
     staging = staged(tmp_path / "ok", {"f": FAR})

@@ -136,8 +136,8 @@ def test_manifest_trace_entries_are_read_and_checked(tmp_path: Path) -> None:
     assert [(t.module, t.qualname) for t in patch.trace] == [
         ("sglang.srt.models.deepseek_v4", "DeepseekV4DecoderLayer.hc_pre")]
     spec = api.patch_spec(patch)
-    assert spec["trace"][0]["qualname"] == "DeepseekV4DecoderLayer.hc_pre"
-    assert spec["trace_mode"] == "add"
+    assert spec.trace[0].qualname == "DeepseekV4DecoderLayer.hc_pre"
+    assert spec.trace_mode == "add"
     for bad in ("{module: 'a b', qualname: f}", "{module: m, qualname: 'f(); x'}",
                 "{module: m}", "{module: m, qualname: f, extra: 1}"):
         (tmp_path / "patches.yaml").write_text(text.replace(

@@ -115,12 +115,22 @@ def test_round_trip_through_json(op: str) -> None:
 
 
 def test_a_filled_request_round_trips_with_its_nested_values() -> None:
+    from patchset.agent.lib.records import FileChange, PatchSpec, TraceSpec
+    spec = PatchSpec(name="a", sha256="ab" * 32, file="patches/a.patch",
+                     files=[FileChange(path="x", pre=None, post="c" * 40)],
+                     trace=[TraceSpec(module="m", qualname="f")], gate={"env": "E", "on": "1"})
     request = wire.ApplyRequest(target="/t", lock_wait=2.5, dry_run=True, bisect="b1",
-                                patches=[{"name": "a", "files": [{"path": "x"}]}],
+                                patches=[spec],
                                 base_files={"python/x.py": None, "python/y.py": "ab" * 20},
                                 upstream={"name": "sglang"}, provision=True,
                                 base={"git": {"url": "u", "ref": "r"}})
-    assert wire.decode_request(json.loads(json.dumps(wire.encode_request(request)))) == request
+    back = wire.decode_request(json.loads(json.dumps(wire.encode_request(request))))
+    assert back == request and isinstance(back.patches[0].files[0], FileChange)
+    sent = wire.encode_request(request)
+    sent["patches"][0]["files"][0]["pre"] = 0
+    with pytest.raises(wire.WireError, match=r"^the apply request\.patches\[0\]\.files\[0\]\.pre: "
+                                             r"expected str, got int$"):
+        wire.decode_request(sent)
     result = wire.RevertResult(changed=True, before=["a", "b"], after=["a"], reverted=["b"],
                                recovered={"removed": ["b"]}, head="c" * 40)
     assert wire.decode_result("revert", wire.encode_result(result)) == result
@@ -131,7 +141,7 @@ def test_a_filled_request_round_trips_with_its_nested_values() -> None:
     ("dry_run", 1, "the apply request.dry_run: expected bool, got int"),
     ("target", None, "the apply request.target: expected str, got null"),
     ("patches", {}, "the apply request.patches: expected a list, got dict"),
-    ("patches", [["x"]], "the apply request.patches[0]: expected an object, got list"),
+    ("patches", [["x"]], "the apply request.patches[0]: expected a JSON object, got list"),
     ("base_files", {"x": 3}, "the apply request.base_files['x']: expected str, got int"),
     ("lock_wait", True, "the apply request.lock_wait: expected float, got bool"),
 ])

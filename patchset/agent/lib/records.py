@@ -33,6 +33,45 @@ def now_stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
+# ---------------------------------------------------------------- the series as sent
+
+@dataclass
+class FileChange(Message):
+    """One file a patch changes: its git-layout path and its blob before and after
+    (None: absent)."""
+
+    path: str
+    pre: Optional[str]
+    post: Optional[str]
+
+
+@dataclass
+class TraceSpec(Message):
+    """A function the manifest's `trace:` names for a patch (beside the derived targets)."""
+
+    module: str
+    qualname: str
+    file: Optional[str] = None
+
+
+@dataclass
+class PatchSpec(Message):
+    """One patch as apply and revert send it: the manifest's entry, and `file`, the patch
+    file's name beside the request (the bundle, or the tree's own copies for a revert)."""
+
+    name: str
+    sha256: str
+    file: str
+    summary: str = ""
+    depends: List[str] = field(default_factory=list)
+    tier: Optional[str] = None
+    path: str = "both"                            # prefill | decode | both
+    gate: Optional[Dict[str, str]] = None         # {"env": NAME, "on": VALUE}
+    files: List[FileChange] = field(default_factory=list)
+    trace: List[TraceSpec] = field(default_factory=list)
+    trace_mode: str = "add"                       # add (to the derived targets) | replace
+
+
 # ---------------------------------------------------------------- the tree's state
 
 @dataclass
@@ -55,6 +94,26 @@ class AppliedPatch:
     def from_json(cls, data: dict) -> AppliedPatch:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_spec(cls, spec: PatchSpec, commit: str | None = None) -> AppliedPatch:
+        """The state's record of `spec` once applied."""
+        return cls(name=spec.name, sha256=spec.sha256, summary=spec.summary,
+                   depends=list(spec.depends), gate=spec.gate, path=spec.path, tier=spec.tier,
+                   files=[asdict(f) for f in spec.files], commit=commit,
+                   trace=[asdict(t) for t in spec.trace], trace_mode=spec.trace_mode)
+
+    def spec(self) -> PatchSpec:
+        """This patch as a revert or a rebuild re-applies it, from the tree's own copy
+        (.patchset/patches/SHA256.patch)."""
+        return PatchSpec(name=self.name, sha256=self.sha256, file=f"{self.sha256}.patch",
+                         summary=self.summary, depends=list(self.depends or ()),
+                         tier=self.tier, path=self.path, gate=self.gate,
+                         files=[FileChange(path=f["path"], pre=f.get("pre"), post=f.get("post"))
+                                for f in self.files],
+                         trace=[TraceSpec(module=t["module"], qualname=t["qualname"],
+                                          file=t.get("file")) for t in self.trace],
+                         trace_mode=self.trace_mode)
 
     def to_json(self) -> dict:
         return asdict(self)

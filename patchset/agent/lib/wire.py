@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Un
 
 from .message import Failure, Message, Result, WireError
 from .protocol import PROTOCOL
-from .records import StatusRecord
+from .records import PatchSpec, StatusRecord
 
 
 
@@ -48,7 +48,7 @@ class TreeChangeRequest(Request):
     lock_wait: float = 0.0
     dry_run: bool = False
     bisect: Optional[str] = None      # the bisect this change is a step of
-    patches: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # api.patch_spec
+    patches: List[PatchSpec] = dataclasses.field(default_factory=list)   # the desired series
     base_files: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
     upstream: Optional[Dict[str, Any]] = None
 

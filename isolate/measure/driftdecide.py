@@ -72,7 +72,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, TypedDict
 
 from patchset.isolate.measure.driftstats import RESOLUTION
 
@@ -127,6 +127,27 @@ class Decision:
         return {"above": True, "bounded": False}.get(self.outcome)
 
 
+class _Counts(TypedDict):
+    """The fields of every Decision of one comparison: its terms and its data."""
+
+    tolerance: float
+    confidence: float
+    sequences: int
+    tokens: int
+    looks: int
+
+
+class _Figures(TypedDict):
+    """The fields of a Decision that had enough data to measure."""
+
+    drift: float
+    low: float | None
+    upper: float | None
+    detectable: float | None
+    noise: float
+    deterministic: bool
+
+
 def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
            confidence: float = DEFAULT_CONFIDENCE, replays: int = 2,
            looks: int = 1) -> Decision:
@@ -139,8 +160,8 @@ def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
     confidence = 1 - (1 - confidence) / max(1, looks)
     got = [p for p in pairs if _finite(p.drift) and _finite(p.noise) and p.tokens > 0]
     tokens = sum(p.tokens for p in got)
-    base = dict(tolerance=tolerance, confidence=stated, sequences=len(got), tokens=tokens,
-                looks=looks)
+    base = _Counts(tolerance=tolerance, confidence=stated, sequences=len(got), tokens=tokens,
+                   looks=looks)
     if not got:
         return Decision("inconclusive", None, None, None, None, detectable=None, noise=None,
                         needs="a run that compares tokens (every logprob was missing, NaN "
@@ -154,8 +175,8 @@ def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
     low, upper = bounds(excess, 1 - (1 - confidence) / BOUND_MARGIN)
     deterministic = all(p.noise == 0.0 for p in got)
     detectable = minimum_detectable(excess, confidence)
-    figures = dict(drift=mean, low=low, upper=upper, detectable=detectable, noise=noise,
-                   deterministic=deterministic)
+    figures = _Figures(drift=mean, low=low, upper=upper, detectable=detectable, noise=noise,
+                       deterministic=deterministic)
     if deterministic and max(p.drift for p in got) > RESOLUTION:
         return Decision("above", p_value=None, why=(
             f"the state replays bit for bit (noise 0 in every sequence): any difference is "
@@ -168,7 +189,8 @@ def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
             f"sequences, signed-rank p = {p_value:.2g} <= {alpha:.2g}; "
             f"{_size(mean, low, upper, stated)}"), **figures, **base)
     enough = len(got) >= (MIN_SEQUENCES if deterministic else MIN_BOUNDED)
-    if enough and upper < tolerance and not reaches(excess, tolerance):
+    # enough sequences have an upper bound (bounds() has none below 2)
+    if enough and upper is not None and upper < tolerance and not reaches(excess, tolerance):
         return Decision("bounded", p_value=p_value, why=(
             f"drift beyond the noise {mean:.3g} per token, at most {upper:.3g} at "
             f"{100 * stated:g}% < tolerance {tolerance:.3g} ({len(got)} sequences, "

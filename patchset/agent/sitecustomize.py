@@ -13,6 +13,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 try:
     _spec = importlib.util.spec_from_file_location(
         "patchset_tracer", os.path.join(_HERE, "patchset_tracer.py"))
+    if _spec is None or _spec.loader is None:       # caught below, like any other failure
+        raise ImportError("no patchset_tracer.py beside this file")
     _tracer = importlib.util.module_from_spec(_spec)
     sys.modules["patchset_tracer"] = _tracer
     _spec.loader.exec_module(_tracer)

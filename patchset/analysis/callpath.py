@@ -240,7 +240,8 @@ class SourceTree:
                         continue
                     mod = self.module(path)
                     node = mod.defs.get(name) if mod else None
-                    if node is not None and not isinstance(node, ast.ClassDef):
+                    if mod is not None and node is not None and \
+                            not isinstance(node, ast.ClassDef):
                         self._found[name] = (mod, node)
         return self._found[name]
 
@@ -282,6 +283,7 @@ def read_defaults(tree: SourceTree) -> Defaults:
     for stmt in getattr(cls, "body", []):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             server[stmt.target.id] = _literal(stmt.value) if stmt.value else (None, False)
+            assert args_mod is not None         # cls, and so a body, came from it
             found = _choices(stmt.annotation, args_mod)
             if found:
                 choices[stmt.target.id] = found
@@ -545,9 +547,8 @@ class Walk:
                 parse, fallback = ENV_GETTERS[last]
                 value, known = _arg_literal(node, 1, "default", fallback)
                 return Read(f"env.{key}", "env", parse, value, known)
-            if PLATFORM.fullmatch(last):
-                return Read(f"platform.{PLATFORM.fullmatch(last).group(1)}", "platform",
-                            "raw", None, False)
+            if platform := PLATFORM.fullmatch(last):
+                return Read(f"platform.{platform.group(1)}", "platform", "raw", None, False)
             if ARCH.fullmatch(last):
                 return Read("gpu.compute_cap", "platform", "raw", None, False)
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
@@ -637,7 +638,7 @@ class Walk:
         mod, definition = found
         returned = {r.value.id for r in ast.walk(definition)
                     if isinstance(r, ast.Return) and isinstance(r.value, ast.Name)}
-        out = []
+        out: list[tuple[ast.AST, Module, ast.AST | None, set[str] | None]] = []
         for node in ast.walk(mod.tree):
             if isinstance(node, ast.Assign) and any(
                     isinstance(t, ast.Name) and t.id in returned for t in node.targets):
@@ -734,9 +735,9 @@ def _server_args(node: ast.AST) -> bool:
 
 
 def _const_arg(call: ast.Call, index: int) -> str | None:
-    if len(call.args) > index and isinstance(call.args[index], ast.Constant) and \
-            isinstance(call.args[index].value, str):
-        return call.args[index].value
+    arg = call.args[index] if len(call.args) > index else None
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
     return None
 
 
@@ -746,7 +747,7 @@ def _arg_literal(call: ast.Call, index: int, keyword: str, fallback: Any) -> tup
     return _literal(node) if node is not None else (fallback, True)
 
 
-def _literal(node: ast.AST | None) -> tuple[Any, bool]:
+def _literal(node: ast.AST) -> tuple[Any, bool]:
     """(value, True) for a literal, (None, False) for anything computed."""
     try:
         return ast.literal_eval(node), True
@@ -755,6 +756,7 @@ def _literal(node: ast.AST | None) -> tuple[Any, bool]:
 
 
 def _params(function: ast.AST) -> set[str]:
+    assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))   # Module.enclosing
     args = function.args
     return {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs} - {"self", "cls"}
 
@@ -762,7 +764,8 @@ def _params(function: ast.AST) -> set[str]:
 def _argument(site: _Site, definition: ast.AST | None, param: str) -> ast.AST | None:
     """The expression `site`'s call passes for `param` (None: not a call, not passed)."""
     call = site.mod.parents.get(site.ref)
-    if definition is None or not isinstance(call, ast.Call) or call.func is not site.ref:
+    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
+            not isinstance(call, ast.Call) or call.func is not site.ref:
         return None
     for keyword in call.keywords:
         if keyword.arg == param:

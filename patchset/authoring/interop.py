@@ -85,6 +85,7 @@ class ImportSource:
     def read(self) -> list[Incoming]:
         if self.quilt is not None:
             return read_quilt(self.quilt)
+        assert self.git is not None         # __post_init__: exactly one of the two
         return read_git(self.git, self.rev_range or "", self.split)
 
 
@@ -349,7 +350,7 @@ def _build_all(series: Series, items: list[Incoming], meta: ImportMeta,
                work: Path) -> list[_Built]:
     taken = {p.name for p in series.patches}
     touched = _touched_by(series.patches)
-    built = []
+    built: list[_Built] = []
     for item in items:
         name = unique(slug(item.name_hint), taken)
         taken.add(name)

@@ -107,7 +107,7 @@ def _release(req: InitRequest, cache: Path | None, progress: Progress) -> tuple[
         raise UsageError(f"--pin {req.requirement!r}: {problem or 'must be NAME==VERSION'}")
     name, version = match.groups()
     git = GitPin(SGLANG_GIT, f"v{version}") if name.lower() == "sglang" else None
-    pypi = PypiPin(req.requirement, "", "", req.python_version, req.platform)
+    pypi = PypiPin(match[0], "", "", req.python_version, req.platform)   # req.requirement
     pin = UpstreamPin(name=name, version=version, git=git, pypi=pypi)
     return upstream.wheel_pin(pin, cache, progress, req.offline), "release"
 

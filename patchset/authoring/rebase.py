@@ -30,6 +30,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import yaml
 
@@ -186,15 +187,15 @@ def _guard_changes(series: Series, old_base: BaseTree, new_base: BaseTree,
     """Each carried patch's call-path guards, re-derived on the new release (the carried
     patches replayed there in order, as written), against the old pin's: which appeared,
     vanished or moved. A guard that moved is a condition the `requires` may cite by line."""
-    carried = [m for m in moved if m.text is not None]
+    carried = [(m.patch, m.text) for m in moved if m.text is not None]
     if not carried:
         return ()
     old = guards.stored(series, old_base, cache) or {}
     new = guards.derive_texts(guards.load_tree(new_base, new_pin),
-                              [(m.patch.name, m.text, m.patch.trace) for m in carried],
+                              [(patch.name, text, patch.trace) for patch, text in carried],
                               new_pin.git_prefix)
-    return tuple(guards.compare(old[m.patch.name], new[m.patch.name]) for m in carried
-                 if m.patch.name in old and m.patch.name in new)
+    return tuple(guards.compare(old[patch.name], new[patch.name]) for patch, _ in carried
+                 if patch.name in old and patch.name in new)
 
 
 def _label(pin: UpstreamPin) -> str:
@@ -232,6 +233,11 @@ class _Tree:
             return None
         mode, _kind, rest = out.split(" ", 2)
         return mode, rest.split("\t", 1)[0]
+
+    @overload
+    def blob(self, oid: str) -> bytes: ...
+    @overload
+    def blob(self, oid: None) -> None: ...
 
     def blob(self, oid: str | None) -> bytes | None:
         return None if oid is None else self.git("cat-file", "blob", oid)
@@ -294,7 +300,9 @@ def _move(series: Series, patch: Patch, old: _Tree, new: _Tree, blocked: dict[st
     before = new.head()
     new.commit(patch.name, [m for m in merges if m.outcome != "upstream"])
     body = interop.git_out(new.path, *interop.DIFF_ARGS, before, "HEAD", what=source)
-    header = text[:re.search(r"^diff --git ", text, re.MULTILINE).start()]
+    first = re.search(r"^diff --git ", text, re.MULTILINE)
+    assert first is not None                # git apply took it: it changes files
+    header = text[:first.start()]
     return _Moved(patch, PatchOutcome(patch.name, "3way", paths, notes), header + body)
 
 
@@ -446,6 +454,7 @@ Edit = tuple[int, int, str]          # replace text[start:end] with the string
 def _edit_manifest(text: str, pin: UpstreamPin, dropped: dict[str, Patch]
                    ) -> tuple[str, dict[str, tuple[str, ...]]]:
     root = yaml.compose(text, Loader=yaml.SafeLoader)
+    assert root is not None                 # the series was loaded from it: not empty
     edits = _pin_edits(root, pin)
     series_edits, notes = _series_edits(text, root, set(dropped))
     text = _splice(text, edits + series_edits)
@@ -464,13 +473,15 @@ def _child(node: yaml.Node | None, key: str | int) -> yaml.Node | None:
     return None
 
 
-def _key(node: yaml.MappingNode, key: str) -> yaml.Node | None:
+def _key(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    if not isinstance(node, yaml.MappingNode):
+        return None
     return next((k for k, _ in node.value if k.value == key), None)
 
 
 def _pin_edits(root: yaml.Node, pin: UpstreamPin) -> list[Edit]:
     upstream = _child(root, "upstream")
-    wanted = [(("version",), pin.version)]
+    wanted: list[tuple[tuple[str, ...], str]] = [(("version",), pin.version)]
     drop = _drop_key(upstream, "pypi") if pin.pypi is None else []
     if pin.git:
         wanted.append((("git", "ref"), pin.git.ref))
@@ -533,7 +544,9 @@ def _series_edits(text: str, root: yaml.Node, dropped: set[str]
             edits += _drop_items(text, _key(entry, key), seq, [j for j, _ in hits])
             mine += [f"{key}: dropped {ref} (upstream)" for _, ref in hits]
         if mine:
-            notes[_child(entry, "name").value] = tuple(mine)
+            name = _child(entry, "name")
+            assert name is not None         # a loaded series names every entry
+            notes[name.value] = tuple(mine)
     return edits, notes
 
 
@@ -545,7 +558,8 @@ def _reference(key: str, item: yaml.Node) -> str | None:
     return fact.partition(".")[2] if isinstance(fact, str) and fact.startswith("patch.") else None
 
 
-def _drop_items(text: str, key: yaml.Node, seq: yaml.SequenceNode, drop: list[int]) -> list[Edit]:
+def _drop_items(text: str, key: yaml.Node | None, seq: yaml.SequenceNode,
+                drop: list[int]) -> list[Edit]:
     """Edits removing items `drop` of a sequence: in place for a flow list, whole lines for
     a block list (`key: []` when none is left)."""
     if not drop:
@@ -556,6 +570,7 @@ def _drop_items(text: str, key: yaml.Node, seq: yaml.SequenceNode, drop: list[in
         return [(seq.start_mark.index, seq.end_mark.index, f"[{kept}]")]
     spans = [_item_span(text, seq, j) for j in range(len(seq.value))]
     if not keep:
+        assert key is not None              # the key `seq` was found under
         return [(key.end_mark.index, spans[-1][1], ": []\n")]
     return [spans[j] + ("",) for j in drop]
 

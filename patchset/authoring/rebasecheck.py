@@ -102,6 +102,7 @@ def _tree(repo: Path, commit: str) -> upstream.BaseTree:
 
 
 def _pin_at(pin: UpstreamPin, commit: str) -> UpstreamPin:
+    assert pin.git is not None          # check_range refuses a pin without upstream.git
     return UpstreamPin(pin.name, f"{pin.version}+g{commit[:12]}",
                        GitPin(pin.git.url, commit), None, pin.git_prefix)
 

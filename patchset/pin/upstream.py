@@ -316,7 +316,7 @@ def wheel_pin(
     cached wheel of that release (hashed here). For `rebase` and `init`."""
     cache = Path(cache) if cache is not None else cache_root()
     progress = progress or NullProgress()
-    want = dataclasses.replace(pin.pypi, requirement=f"{pin.name}=={pin.version}", file="",
+    want = dataclasses.replace(_pypi(pin), requirement=f"{pin.name}=={pin.version}", file="",
                                sha256="")
     record = cache / "tofu" / "-".join(
         _safe(part) for part in (pin.name, pin.version, want.python_version, want.platform)
@@ -595,7 +595,8 @@ def _remote_commit(url: str, ref: str, cwd: Path) -> str:
     cwd.mkdir(parents=True, exist_ok=True)
     out = _git(["ls-remote", "--exit-code", "--", url, ref], cwd, remote=(url, ref),
                timeout=GIT_PROBE_TIMEOUT_S)
-    found = dict(reversed(line.split("\t", 1)) for line in out.splitlines() if "\t" in line)
+    found = {name: commit for commit, name in
+             (line.split("\t", 1) for line in out.splitlines() if "\t" in line)}
     for name in (ref, f"refs/{ref}", f"refs/tags/{ref}", f"refs/heads/{ref}"):
         for key in (f"{name}^{{}}", name):
             if _HEX40.fullmatch(found.get(key, "")):
@@ -829,16 +830,22 @@ def verify_cached_wheel(pin: UpstreamPin, cache: Path | None = None) -> None:
         _verify(path, pin, NullProgress(), cached=True)
 
 
+def _pypi(pin: UpstreamPin) -> PypiPin:
+    """The pin's pypi entry: every wheel step is reached only with one (its callers check)."""
+    assert pin.pypi is not None, f"{pin.name}: a wheel step without upstream.pypi"
+    return pin.pypi
+
+
 def _wheel(pin: UpstreamPin, cache: Path, progress: Progress, offline: bool) -> Path:
     """The verified wheel in cache/wheels, downloading it unless offline."""
-    pp = pin.pypi
+    pp = _pypi(pin)
     with _locked(cache / "locks" / f"wheel-{_safe(pp.file)}.lock", progress):
         return _wheel_locked(pin, cache, progress, offline)
 
 
 def _wheel_locked(pin: UpstreamPin, cache: Path, progress: Progress, offline: bool) -> Path:
     """_wheel's body, run while holding the wheel's lock."""
-    pp = pin.pypi
+    pp = _pypi(pin)
     path = cache / "wheels" / pp.file
     if path.exists():
         _verify(path, pin, progress, cached=True)
@@ -854,7 +861,7 @@ def _wheel_locked(pin: UpstreamPin, cache: Path, progress: Progress, offline: bo
 
 def _download(pin: UpstreamPin, final: Path, progress: Progress) -> None:
     """pip download the pinned file into a temp dir, verify it, rename it into the cache."""
-    pp = pin.pypi
+    pp = _pypi(pin)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp_root = final.parent.parent / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
@@ -921,7 +928,7 @@ def _verify(path: Path, pin: UpstreamPin, progress: Progress, cached: bool) -> N
     file is never deleted for it: the pin is as likely wrong as the file (a shared
     manifest with a bad sha256 must not destroy the good wheel). A fresh download that
     disagrees stays in its temporary directory, which goes away."""
-    expected = pin.pypi.sha256
+    expected = _pypi(pin).sha256
     actual = _sha256(path, progress)
     if actual == expected.lower():
         return
@@ -1033,6 +1040,7 @@ def _fast_import(
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
+        assert proc.stdin is not None                   # stdin=PIPE
         try:
             _write_stream(proc.stdin, ref, when, msg, zf, entries, advance)
         except BrokenPipeError:
@@ -1090,6 +1098,7 @@ def _export(base: BaseTree, tmp: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert archive.stdout is not None and archive.stderr is not None     # both PIPE
     try:
         untar = subprocess.run(
             ["tar", "-x", "-f", "-", "--no-same-owner", "-C", str(tmp)],

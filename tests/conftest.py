@@ -92,25 +92,20 @@ def pytest_testnodedown(node, error) -> None:
     WORKERS_TOUCHED.extend(getattr(node, "workeroutput", {}).get("patchset_touched", []))
 
 
-HOST_FIXTURES = frozenset({"one_host", "fleet", "fresh_host", "fresh_fleet", "host_factory"})
-
-
-# The files that take longest (the kill matrices: every git child of apply and of revert
-# killed twice, 2-6 min each on this 2-core machine class), dealt out first.
-LONGEST = ("test_hardening_kills_ssh.py", "test_hardening_kills.py",
-           "test_hardening_kills_revert.py")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files that boot nspawn hosts run first, the most host tests first: they are the
-    longest files, and under --dist loadfile a long file dealt out last keeps one worker
-    busy while the others idle. A stable sort, so each file's tests stay together and in
-    their written order."""
+    """The order of the files, as they declare themselves (pytestmark): the `long` files
+    first, then the files of `hosts` tests, the most host tests first. Under --dist loadfile
+    a long file dealt out last keeps one worker busy while the others idle. A stable sort,
+    so each file's tests stay together and in their written order."""
     host_tests: dict[Path, int] = {}
+    long_files: set[Path] = set()
     for item in items:
-        uses_hosts = bool(HOST_FIXTURES & set(getattr(item, "fixturenames", ())))
-        host_tests[item.path] = host_tests.get(item.path, 0) + uses_hosts
-    items.sort(key=lambda item: (item.path.name not in LONGEST, -host_tests[item.path]))
+        host_tests[item.path] = (host_tests.get(item.path, 0)
+                                 + (item.get_closest_marker("hosts") is not None))
+        if item.get_closest_marker("long") is not None:
+            long_files.add(item.path)
+    items.sort(key=lambda item: (item.path not in long_files, -host_tests[item.path]))
+
 
 pytest_plugins = ["tests.hosts.fixtures"]   # real nspawn test hosts
 
@@ -187,7 +182,7 @@ def series(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture()
 def seed() -> dict:
-    """The seed deployment's facts (DOMAIN.md section 1), a private copy per test."""
+    """The seed deployment's facts (tests/audit_facts/seed.yaml), a private copy per test."""
     import copy
 
     from tests.audit_facts import synth

@@ -2,7 +2,8 @@
 
 The raw records are what the real commands print (systemctl show lines, NUL-separated
 /proc files, nvidia-smi CSV, JSON bodies), so a fixture goes through the same parsers as
-a live host. Used for the seed deployment of DOMAIN.md section 1 and the state tests.
+a live host. Used for the seed deployment (seed.yaml: DeepSeek-V4-Flash-NVFP4, P/D under
+systemd on 8 sm_120 GPUs) and the state tests.
 """
 
 from __future__ import annotations

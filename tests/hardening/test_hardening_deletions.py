@@ -1,10 +1,11 @@
 """Patches that delete or create files (issue 25, class 5).
 
-Supported, exactly, on git and plain trees, locally and over SSH: a deleted file is gone
-after `apply` with the directories that leaves empty (as `git apply` does), and back byte
-for byte with its mode after `revert`; a created file (in a new directory) is there after
-`apply`, and gone with that directory after `revert`; `status` is clean after each, and
-the whole tree after the revert is the tree before the apply.
+Supported, exactly, on git and plain trees, locally and over SSH (a real host's git tree:
+tests/system/test_hardening_deletions_hosts.py): a deleted file is gone after `apply` with
+the directories that leaves empty (as `git apply` does), and back byte for byte with its
+mode after `revert`; a created file (in a new directory) is there after `apply`, and gone
+with that directory after `revert`; `status` is clean after each, and the whole tree after
+the revert is the tree before the apply.
 
 Refused by `check` (and so by every command that reads the series): a mode change, and
 creating or deleting an executable (100755) file, whose mode could not be restored
@@ -15,7 +16,6 @@ copies were already refused (`git diff --no-renames`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from pathlib import Path
@@ -24,14 +24,12 @@ import pytest
 import yaml
 
 from patchset.connect.local import LocalTransport
-from tests.hostutil import TREE, clean_tree, cli, on_host
 from patchset import api
 from patchset.cli import main
 from patchset.series.manifest import load_series
 from patchset.series.selection import Selection, plan
 from patchset.pin.upstream import materialize
 from tests.seriesfactory import PIN_YAML, git, header
-from tests.hosts.nspawn import TestHost
 
 GONE = "python/sglang/jit_kernel/dsv4/utils.py"                       # 100644, 62 bytes
 ALONE = "python/sglang/srt/constrained/torch_ops/token_filter_torch_ops.py"  # alone in its dir
@@ -151,30 +149,3 @@ def test_check_refuses_what_cannot_revert_exactly(change, message: str, pinned_b
         assert code == 2, (argv, out, err)
         assert "patches/files.patch:" in err and "diff.mode" in err and message in err, err
     assert not (tmp_path / "home").exists()
-
-
-def test_deletion_and_creation_over_ssh(one_host: TestHost, remote_env, series_dir: Path,
-                                        pinned_base, capsys) -> None:
-    """The git tree on the host: after the revert HEAD is the pin, git sees no change (the
-    deleted file's bytes and mode back, no file added) and the new directory is gone."""
-    remote_env([one_host])
-    clean_tree(one_host)
-    write_series(pinned_base, series_dir, delete_and_create)
-    code, out, err = cli(capsys, "apply", "--tier", "safe", one_host.name, "--json")
-    assert code == 0, err
-    shown = on_host(one_host, f"test ! -e {TREE}/{GONE} && test ! -e "
-                              f"{TREE}/{os.path.dirname(ALONE)} && cat {TREE}/{CREATED}")
-    assert shown == "ADDED = True\n"
-    code, out, _ = cli(capsys, "status", one_host.name, "--json")
-    [st] = json.loads(out)
-    assert st["drift"] == [] and st["dirty"] == [] and st["applied"][0]["name"] == "files"
-
-    code, out, err = cli(capsys, "revert", "files", "--host", one_host.name, "--json")
-    assert code == 0, err
-    after = on_host(one_host, f"cd {TREE} && test ! -e {os.path.dirname(CREATED)} && "
-                              f"stat -c %a {ALONE} {GONE} && git rev-parse HEAD && "
-                              "git status --porcelain --untracked-files=all")
-    assert after == f"644\n644\n{st['base']['commit']}\n"
-    code, out, _ = cli(capsys, "status", one_host.name, "--json")
-    [st] = json.loads(out)
-    assert st["drift"] == [] and st["dirty"] == [] and st["applied"] == []

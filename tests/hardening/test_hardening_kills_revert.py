@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.hardening.test_hardening_kills import GitKill, gitkill, kill_matrix, series  # noqa: F401
+
+pytestmark = pytest.mark.long
 
 
 def test_a_kill_at_every_git_child_of_revert_is_repaired_by_the_next_command(

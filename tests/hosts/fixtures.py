@@ -14,7 +14,8 @@ Scopes, and why:
   break things (stop sshd, rotate keys, fill disks) or need a clean rootfs.
 
 Prerequisites missing (not root, no systemd-nspawn...) fail the tests, so CI
-can never silently skip them.
+can never silently skip them; ``make test-fast`` deselects them instead (``-m "not
+hosts"``: every test that uses one of these fixtures is marked ``hosts``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ from tests.hosts.nspawn import (
 )
 
 FLEET_SIZE = 3
+# The fixtures that boot hosts or need what booting needs (root, systemd-nspawn: host_base
+# fails the test where they are missing). A test that uses one is marked `hosts` and lives
+# in tests/system (tests/unit/test_test_layout.py checks both).
+HOST_FIXTURES = frozenset({"host_base", "host_factory", "one_host", "fleet", "fresh_host",
+                           "fresh_fleet"})
 
 
 class HostFactory:

@@ -16,6 +16,8 @@ from tests.hosts.hostsetup import ARGS, MODEL, TREE, VENV, checkpoint
 from tests.hostutil import cli, free_ports, on_host
 from tests.standin.install import install_standin
 
+pytestmark = pytest.mark.hosts
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = "/opt/site"                       # the served site-packages (wheel layout)
 COMMITS = ["default-thinking-reasoning", "nvfp4-cutlass-swiglu-clamp"]

@@ -38,6 +38,8 @@ from tests.system.test_audit_hosts import (  # noqa: F401 - env and audit_env ar
     write_series,
 )
 
+pytestmark = pytest.mark.hosts
+
 CLAMP, MMA, MHC = "nvfp4-cutlass-swiglu-clamp", "mma-splitk-decode", "mhc-bf16"
 PATCHES_VAR = "PATCHSET_PATCHES"
 

@@ -23,6 +23,8 @@ from tests.hosts.nspawn import TestHost
 from tests.standin.install import install_standin
 from tests.hostutil import cli, free_ports, on_host
 
+pytestmark = pytest.mark.hosts
+
 P, D = "sglang-prefill.service", "sglang-decode.service"
 SECRET, TOKEN = "sk-audit-host-0123456789abcdef", "hf_AuditHostTokenABCDEFGH"
 # (server, patch) -> state of the seed layout: this host as prepared, and the seed's facts

@@ -22,6 +22,8 @@ import pytest
 from tests.hostutil import cli, on_host
 from tests.system.test_audit_hosts import TREE, inventory, prepare_host, write_series
 
+pytestmark = pytest.mark.hosts
+
 MHC = {"fault": "drop_history", "file": "srt/models/deepseek_v4.py",
        "contains": "mixes = F.linear(x.flatten(1).bfloat16(), hc_fn.bfloat16()).float()"}
 MMA = {"fault": "drop_history", "file": "srt/layers/attention/flash_mla_sm120.py",

@@ -15,6 +15,8 @@ from tests.standin.install import install_standin
 from tests.hostutil import cli, free_ports, on_host
 from tests.system.test_audit_hosts import write_series
 
+pytestmark = pytest.mark.hosts
+
 EXCLUDED = "nvfp4-cutlass-swiglu-clamp"
 ONE_SIDED = "mhc-bf16"
 

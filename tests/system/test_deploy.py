@@ -15,6 +15,8 @@ from tests.hosts.nspawn import TestHost, run_ssh
 from tests.standin.install import install_standin
 from tests.hostutil import cli, free_ports, http_status, on_host
 
+pytestmark = pytest.mark.hosts
+
 TREE = "/opt/sglang"
 VENV = "/opt/venv"
 PYTHON = f"{VENV}/bin/python"

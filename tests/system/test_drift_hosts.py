@@ -24,6 +24,8 @@ from tests.system.test_audit_hosts import (  # noqa: F401 - env and audit_env ar
     prepare_host,
 )
 
+pytestmark = pytest.mark.hosts
+
 MHC_TEXT = "mixes = F.linear(x.flatten(1).bfloat16(), hc_fn.bfloat16()).float()"
 RULES = "/etc/standin-numerics.json"
 NOISE = {"STANDIN_STARTUP_DELAY": "0.2", "STANDIN_NONDETERMINISM": "1e-6",

@@ -1,4 +1,5 @@
-"""The nspawn test-host infrastructure itself: real systemd, real sshd, isolation.
+"""The nspawn test-host infrastructure itself: real systemd, real sshd, isolation (the base
+rootfs build with debootstrap faked: tests/unit/test_hosts_base.py).
 
 These use plain OpenSSH with strict host-key checking (not the product's
 fabric layer), so a failure here points at the hosts, not at patchset.
@@ -10,7 +11,6 @@ import hashlib
 import os
 import socket
 import subprocess
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +26,8 @@ from tests.hosts.nspawn import (
     make_client_key,
     run_ssh,
 )
+
+pytestmark = pytest.mark.hosts
 
 # Idempotent with a conftest that already lists it.
 pytest_plugins = ["tests.hosts.fixtures"]
@@ -55,49 +57,6 @@ def test_base_is_cached_with_recipe_marker(host_base: Path) -> None:
     assert (host_base / "etc/machine-id").read_text() == "", "machine id must be per host"
     assert (host_base / "usr/bin/git").exists() and (host_base / "usr/bin/curl").exists()
     assert oct(host_base.stat().st_mode & 0o777) == "0o755"
-
-
-def _fake_debootstrap(calls: list[Path]):
-    def fake(target: Path, mirror: str, timeout: float) -> None:
-        calls.append(target)
-        (target / "etc").mkdir(parents=True)
-        (target / "etc/os-release").write_text("fake\n")
-
-    return fake
-
-
-def test_build_base_is_atomic_locked_and_rebuilds_on_recipe_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[Path] = []
-    monkeypatch.setattr(nspawn, "_debootstrap", _fake_debootstrap(calls))
-    monkeypatch.setattr(nspawn, "_customize", lambda root: None)
-    target = tmp_path / "rootfs"
-
-    threads = [threading.Thread(target=build_base, args=(target,)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert len(calls) == 1, "concurrent builders must wait for one build"
-    assert base_is_current(target)
-
-    monkeypatch.setattr(nspawn, "RECIPE_DIGEST", "changed-recipe")
-    assert not base_is_current(target)
-    build_base(target)
-    assert len(calls) == 2 and base_is_current(target)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".rootfs.lock", "rootfs"]
-
-
-def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(target: Path, mirror: str, timeout: float) -> None:
-        (target / "half").write_text("x")
-        raise nspawn.HostError("mirror unreachable")
-
-    monkeypatch.setattr(nspawn, "_debootstrap", broken)
-    with pytest.raises(nspawn.HostError, match="mirror unreachable"):
-        build_base(tmp_path / "rootfs")
-    assert [p.name for p in tmp_path.iterdir()] == [".rootfs.lock"]
 
 
 # ---------------------------------------------------------------- one host

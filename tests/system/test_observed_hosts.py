@@ -47,6 +47,8 @@ from tests.seriesfactory import PatchDef, build_series
 from tests.standin.install import install_standin
 from tests.system.test_audit_hosts import inventory
 
+pytestmark = pytest.mark.hosts
+
 P, D = "sglang-prefill.service", "sglang-decode.service"
 SAMPLING = "python/sglang/srt/sampling/sampling_params.py"
 SHM = "python/sglang/srt/utils/stale_shm_cleanup.py"

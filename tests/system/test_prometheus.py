@@ -41,6 +41,8 @@ from tests.system.test_audit_hosts import (  # noqa: F401 - env and audit_env ar
 from tests.system.test_drift_hosts import MHC_TEXT, NOISE, rules
 from tests.unit.test_metrics import DASHBOARD, RULES, get as http, promql
 
+pytestmark = pytest.mark.hosts
+
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 3                     # seconds between the audits of the host
 PROBE = ("--probe", "drift", "--probe-sizes", "1k")

@@ -10,12 +10,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 
 from tests.seriesfactory import CHAT, DSV4
 from tests.hosts.nspawn import TestHost, run_ssh
 from tests.hostutil import TREE, clean_tree, cli, on_host
 
 from patchset.agent.lib.records import STATE_FORMAT
+
+pytestmark = pytest.mark.hosts
 
 
 

@@ -27,6 +27,8 @@ from tests.hostutil import cli, free_ports, on_host
 from tests.system.test_audit_hosts import write_series
 from tests.standin.install import install_standin
 
+pytestmark = pytest.mark.hosts
+
 RULES = "/etc/standin-numerics.json"
 CLAMP_RULE = {"op": "state", "precision": "bf16", "file": "srt/layers/moe/cutlass_moe.py",
               "contains": "silu_and_mul_clamp(c1, intermediate, swiglu_limit)"}

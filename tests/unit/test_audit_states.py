@@ -1,7 +1,8 @@
 """Effective patch states from declared gate/path/requires evaluated against facts.
 
-Facts come from tests/audit_facts/seed.yaml (the seed deployment of DOMAIN.md section 1)
-and variations of it, through the same parsers as a live host (tests/audit_facts/synth).
+Facts come from tests/audit_facts/seed.yaml (the seed deployment: DeepSeek-V4-Flash-NVFP4,
+P/D under systemd on 8 sm_120 GPUs) and variations of it, through the same parsers as a
+live host (tests/audit_facts/synth).
 """
 
 from __future__ import annotations

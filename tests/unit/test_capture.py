@@ -1,4 +1,5 @@
-"""`patchset capture`: hand edits on a managed tree (git, plain, over SSH) become a patch."""
+"""`patchset capture`: hand edits on a managed tree (git, plain) become a patch (over SSH:
+tests/system/test_capture_hosts.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.seriesfactory import CHAT, DSV4, append_line
+from tests.seriesfactory import CHAT, append_line
 
-from tests.hostutil import TREE, clean_tree, cli, on_host
+from tests.hostutil import cli
 from patchset.series.manifest import load_series
 from patchset.pin.upstream import materialize
 
@@ -113,28 +114,6 @@ def test_capture_refusals_are_one_line_and_write_nothing(tree: Path, series_dir:
     before = snapshot(tree)
     assert "binary" in refused("new-one")
     assert snapshot(tree) == before
-
-
-def test_capture_over_ssh(one_host, remote_env, series_dir: Path, capsys) -> None:
-    remote_env([one_host])
-    clean_tree(one_host)
-    code, _, err = cli(capsys, "apply", "--only", "chat-a,chat-e", one_host.name)
-    assert code == 0, err
-    look = (f"sha1sum {TREE}/{DSV4} {TREE}/{CHAT} {TREE}/.patchset/state.json && "
-            f"git -C {TREE} rev-parse HEAD && git -C {TREE} status --porcelain")
-    on_host(one_host, f"sed -i '1a # remote hand edit' {TREE}/{CHAT}")
-    before = on_host(one_host, look)
-    code, out, err = cli(capsys, "capture", one_host.name, "chat-remote", "--author", AUTHOR,
-                         "--offline", "--json")
-    assert code == 0, err
-    assert json.loads(out)["depends"] == ["chat-a", "chat-e"]
-    assert on_host(one_host, look) == before
-    patch = load_series(series_dir / "patches.yaml").by_name()["chat-remote"]
-    assert "+# remote hand edit\n" in (series_dir / patch.file).read_text()
-    assert patch.files[0].post == on_host(
-        one_host, f"git -C {TREE} hash-object {TREE}/{CHAT}").strip()
-    code, out, err = cli(capsys, "check", "--offline")
-    assert code == 0, out + err
 
 
 @pytest.mark.parametrize("odd", [b"\r", b"\x0c", b"\x1c", b"\xe2\x80\xa8"])

@@ -1,6 +1,6 @@
 """What makes the suite safe on pytest-xdist workers (make test: -n TEST_WORKERS --dist
 loadfile): machine-wide port reservations, a private cache per hostile world, the
-real-home guard across workers, host-heavy files first."""
+real-home guard across workers, the long files and then host-heavy files first."""
 
 from __future__ import annotations
 
@@ -96,14 +96,17 @@ def test_a_worker_touching_the_real_home_fails_the_whole_run() -> None:
     assert controller.exitstatus == 1
 
 
-def test_files_that_boot_hosts_are_scheduled_first_and_stay_together() -> None:
-    def item(path: str, *fixtures: str) -> SimpleNamespace:
-        return SimpleNamespace(path=Path(path), fixturenames=list(fixtures), name=path)
-    items = [item("unit.py"), item("one.py", "one_host"), item("unit.py"),
-             item("fleet.py", "fleet"), item("fleet.py", "fresh_host"), item("one.py")]
+def test_long_then_host_heavy_files_are_scheduled_first_and_stay_together() -> None:
+    """The order comes from the marks the files declare (`long`, `hosts`), not names."""
+    def item(path: str, *marks: str) -> SimpleNamespace:
+        return SimpleNamespace(path=Path(path), name=path,
+                               get_closest_marker=lambda mark: mark if mark in marks else None)
+    items = [item("unit.py"), item("one.py", "hosts"), item("unit.py"),
+             item("fleet.py", "hosts"), item("fleet.py", "hosts"), item("one.py"),
+             item("kills.py", "long"), item("kills.py")]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [str(i.path) for i in items] == ["fleet.py", "fleet.py", "one.py", "one.py",
-                                            "unit.py", "unit.py"]
+    assert [str(i.path) for i in items] == ["kills.py", "kills.py", "fleet.py", "fleet.py",
+                                            "one.py", "one.py", "unit.py", "unit.py"]
 
 
 def test_the_real_home_is_the_same_in_every_worker() -> None:

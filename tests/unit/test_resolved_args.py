@@ -3,9 +3,9 @@ runs, from /server_info, its internal_states, then the startup `server_args=` li
 unit's journal (redacted on the host).
 
 Unit tests run the check on the seed deployment with fixture facts (the gatherer's raw
-records, through the real parsers); the last test runs it on a real nspawn host whose
-stand-in servers resolve their backends as a real GPU would (STANDIN_RESOLVED_ARGS) or
-only log them (STANDIN_LOGGED_ARGS).
+records, through the real parsers); tests/system/test_resolved_args_hosts.py runs it on a
+real nspawn host whose stand-in servers resolve their backends as a real GPU would
+(STANDIN_RESOLVED_ARGS) or only log them (STANDIN_LOGGED_ARGS).
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ from patchset.auditor import api, hostfacts, policy, report
 from patchset.agent.lib import wire
 from patchset.auditor.render import render
 from patchset.auditor.resolved import ANY
-from tests.hostutil import cli
 from patchset.agent.lib.facts import FactValue, get
 from patchset.agent.lib.facts.journal import ServerArgsLog, parse_server_args
 from patchset.agent.lib.redact import Redactor
 from patchset.agent.runner import Runner
 from tests.hostutil import free_port
-from tests.system.test_audit_hosts import D, P, audit, deploy, finding, prepare_host
-from tests.system.test_audit_hosts import audit_env, env  # noqa: F401 - the fixtures used here
+from tests.system.test_audit_hosts import D, P
 from tests.unit.test_standin import MODEL, http, wait_status
 from tests.unit.test_standin import launch, tree, venv_python  # noqa: F401 - the fixtures used here
 
@@ -335,46 +333,3 @@ def test_the_standin_resolves_or_only_logs_args_as_told(launch, venv_python) -> 
     assert bad.proc.wait(timeout=30) == 1
     assert "stand-in: STANDIN_RESOLVED_ARGS: 'no_such_field=1' is not FIELD=VALUE of a " \
         "ServerArgs field" in bad.output()
-
-
-# ---------------------------------------------------------------- a real host
-
-def test_on_a_host_override_journal_corroboration_and_unknown(audit_env, capsys) -> None:
-    """prefill: `--moe-runner-backend triton`, the server resolves marlin (an override);
-    decode: no flag (auto), /server_info keeps auto and only its startup line says marlin
-    (corroborated from the journal); both: kv_cache_dtype auto everywhere (unknown). The
-    API key, moved by deploy into the root-only --config file, is in the startup line as
-    upstream logs it, and nowhere in the report."""
-    prepare_host(audit_env, capsys)
-    common = ["--attention-backend", "dsv4", "--reasoning-parser", "deepseek-v4",
-              "--api-key", SECRET]
-    deploy(audit_env, capsys, roles={
-        "prefill": {"extra_args": ["--moe-runner-backend", "triton", *common],
-                    "env": {"STANDIN_RESOLVED_ARGS": "moe_runner_backend=marlin"}},
-        "decode": {"extra_args": common,
-                   "env": {"STANDIN_LOGGED_ARGS": "moe_runner_backend=marlin"}}})
-    code, data = audit(audit_env, capsys)
-    assert code == 1
-    over = finding(data, FLAG, P)
-    assert (over["status"], over["severity"], over["expected"], over["found"]) == (
-        "warn", "medium", "triton", "marlin (/server_info)")
-    note = finding(data, FLAG, D)
-    assert (note["status"], note["severity"], note["expected"], note["found"]) == (
-        "warn", "info", "auto",
-        "marlin (the server_args= line it logged at startup (journal))")
-    assert "/server_info says auto" not in note["message"]     # it resolved: no why needed
-    kv = finding(data, "resolved-args[kv_cache_dtype]", D)
-    assert (kv["status"], kv["severity"]) == ("unknown", "info")
-    assert "/server_info says auto" in kv["message"] and \
-        "its startup server_args= line says auto" in kv["message"]
-    servers = {s["id"]: s for s in data["hosts"][0]["facts"]["servers"]}
-    log = servers[D]["server_args_log"]
-    assert log["known"] and log["value"]["args"]["moe_runner_backend"] == "marlin"
-    assert log["value"]["args"]["api_key"].startswith("<redacted:")
-    assert log["provenance"]["command"].endswith(f"--unit={D} _PID={servers[D]['pid']}")
-    assert servers[P]["server_args_log"]["value"]["args"]["moe_runner_backend"] == "marlin"
-    assert SECRET not in json.dumps(data)
-    code, out, _ = cli(capsys, "audit", audit_env["host"].name, "--format", "md", "--series",
-                       str(audit_env["series"]))
-    assert code == 1 and f"| **warn** | medium | {MD_FLAG} | {P} moe_runner_backend |" in out
-    assert SECRET not in out

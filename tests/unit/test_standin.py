@@ -1,10 +1,9 @@
 """The stand-in SGLang server and router (tests/standin/), against the real pinned source.
 
 Locally: the stand-in runs from a venv made by ``install_standin_local`` whose
-``.pth`` points at the cached SGLang 0.5.14 tree.  On a real nspawn host: the
-tree is copied to /opt/sglang, ``install_standin`` makes /opt/venv, and prefill,
-decode and router run as transient systemd units.  Ports: 31000+ (the hosts share
-this machine's network namespace).
+``.pth`` points at the cached SGLang 0.5.14 tree (on a real nspawn host, under systemd:
+tests/system/test_standin_hosts.py).  Ports: 31000+ (the hosts share this machine's
+network namespace).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,9 +24,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.hosts.nspawn import TestHost
 from tests.hostutil import free_port
-from tests.standin.install import PAYLOAD, install_standin, install_standin_local
+from tests.standin.install import PAYLOAD, install_standin_local
 
 if str(PAYLOAD) not in sys.path:
     sys.path.insert(0, str(PAYLOAD))
@@ -41,8 +38,6 @@ TOKEN = "ZEBRA-42"
 
 
 # ---------------------------------------------------------------- helpers
-
-
 
 
 def http(method: str, url: str, body: Any = None, headers: dict | None = None,
@@ -1150,88 +1145,6 @@ def test_bad_forward_hooks_are_startup_errors(venv_python: str, tmp_path: Path, 
                           str(free_port())], capture_output=True, text=True, timeout=30, cwd="/",
                          env={"PATH": os.environ["PATH"], "STANDIN_FORWARD_HOOKS": str(path)})
     assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr
-
-
-# ---------------------------------------------------------------- on a real nspawn host
-
-
-def _host(host: TestHost, *argv: str, timeout: float = 60) -> str:
-    res = host.exec(list(argv), timeout=timeout)
-    assert res.returncode == 0, f"{argv}: {res.stdout}{res.stderr}"
-    return res.stdout
-
-
-def test_on_a_real_host_under_systemd(one_host: TestHost, tree: Path) -> None:
-    dest = one_host.live_root / "opt/sglang/python"
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(tree / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
-    python = install_standin(one_host)
-    assert python == "/opt/venv/bin/python"
-    assert install_standin(one_host) == python  # idempotent
-    origin = _host(one_host, python, "-c", "import importlib.util; print(importlib.util.find_spec('sglang').origin)")
-    assert origin.strip() == "/opt/sglang/python/sglang/__init__.py"
-
-    p, b, d, r = free_port(), free_port(), free_port(), free_port()
-    units = {
-        "standin-prefill": ["-p", ("Environment=CUDA_VISIBLE_DEVICES=0,1 MMA_FLASHMLA=1 SPT_NOENV=1 "
-                                   "STANDIN_STARTUP_DELAY=0.3"),
-                            python, "-m", "sglang.launch_server", "--model-path", MODEL, "--tp-size", "2",
-                            "--port", str(p), "--host", "127.0.0.1", "--disaggregation-mode", "prefill",
-                            "--disaggregation-bootstrap-port", str(b), "--disaggregation-transfer-backend",
-                            "mooncake", "--moe-runner-backend", "triton"],
-        "standin-decode": ["-p", "Environment=CUDA_VISIBLE_DEVICES=2,3 STANDIN_STARTUP_DELAY=0.3",
-                           python, "-m", "sglang.launch_server", "--model-path", MODEL, "--tp-size", "2",
-                           "--port", str(d), "--host", "127.0.0.1", "--disaggregation-mode", "decode"],
-        "standin-router": [python, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                           "--prefill", f"http://127.0.0.1:{p}", str(b), "--decode", f"http://127.0.0.1:{d}",
-                           "--host", "127.0.0.1", "--port", str(r)],
-    }
-    try:
-        for unit, argv in units.items():
-            _host(one_host, "systemd-run", f"--unit={unit}", "-p", "Type=exec", *argv)
-        wait_status(f"http://127.0.0.1:{r}/health", 200, timeout=30)
-
-        def children(unit: str) -> tuple[int, dict[str, int]]:
-            main = int(_host(one_host, "systemctl", "show", "-p", "MainPID", "--value", unit).strip())
-            kids = {}
-            for line in _host(one_host, "ps", "-eo", "pid=,ppid=,args=").splitlines():
-                pid, ppid, args = line.split(None, 2)
-                if int(ppid) == main and "resource_tracker" not in args:
-                    kids[args.strip()] = int(pid)
-            return main, kids
-
-        def environ(pid: int) -> dict[str, str]:
-            raw = _host(one_host, "cat", f"/proc/{pid}/environ")
-            return dict(x.split("=", 1) for x in raw.split("\0") if "=" in x)
-
-        main, kids = children("standin-prefill")
-        cmdline = _host(one_host, "cat", f"/proc/{main}/cmdline").split("\0")[:-1]
-        assert cmdline == units["standin-prefill"][2:]
-        assert sorted(kids) == ["sglang::detokenizer", "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
-        for title, pid in kids.items():
-            assert _host(one_host, "cat", f"/proc/{pid}/cmdline").rstrip("\0") == title
-            env = environ(pid)  # readable: the unit sets SPT_NOENV
-            assert env["NCCL_CUMEM_ENABLE"] == "0" and env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
-            assert env["MMA_FLASHMLA"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
-        menv = environ(main)
-        assert menv["MMA_FLASHMLA"] == "1" and "CUDA_DEVICE_MAX_CONNECTIONS" not in menv
-        dmain, dkids = children("standin-decode")
-        assert sorted(dkids) == sorted(kids)
-        assert all(environ(pid) == {} for pid in dkids.values())  # no SPT_NOENV: clobbered
-        assert environ(dmain)["CUDA_VISIBLE_DEVICES"] == "2,3"
-
-        info = json.loads(_host(one_host, "curl", "-sf", f"http://127.0.0.1:{p}/server_info"))
-        assert info["tp_size"] == 2 and info["disaggregation_mode"] == "prefill" and info["version"] == "0.5.14"
-        assert info["moe_runner_backend"] == "triton" and info["page_size"] is None
-        assert ask(f"http://127.0.0.1:{r}", conversation())["choices"][0]["message"]["content"] == TOKEN
-
-        _host(one_host, "systemctl", "stop", "standin-prefill")
-        left = _host(one_host, "ps", "-eo", "pid=").split()
-        assert not set(map(str, kids.values())) & set(left)  # children went with the unit
-    finally:
-        one_host.exec(["systemctl", "stop", *units], timeout=60)
-        one_host.exec(["systemctl", "reset-failed", *units], timeout=60)
 
 
 # ---------------------------------------------------------------- /generate through the P/D router

@@ -20,8 +20,8 @@ from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetErro
 from patchset.series.model import Patch, Series
 from patchset.series.selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
 
-from patchset.agent.lib.records import (FileChange, PatchSpec, StatusRecord, TraceSpec,
-                                        UnitStatus)
+from patchset.agent.lib.records import (FileChange, PatchSpec, Recovered, StatusRecord,
+                                        TraceSpec, UnitStatus)
 
 if TYPE_CHECKING:
     # Imported where used: `list`, `show` and `plan` do not load the transport's tarfile.
@@ -81,7 +81,7 @@ class HostResult:
     before: list[str] = field(default_factory=list)
     after: list[str] = field(default_factory=list)
     head: str | None = None
-    recovered: dict | None = None
+    recovered: Recovered | None = None
     dry_run: bool = False
     reverted: list[str] = field(default_factory=list)
     provisioned: str | None = None

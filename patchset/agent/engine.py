@@ -44,8 +44,8 @@ from .lib.gitenv import run_git
 from .lib.gitblob import EngineError, blob_id, file_diff, git, git_apply, text_or_refuse
 from .lib.protocol import Events, ended, killed
 from .lib.records import (AppliedPatch, Drift, Interpreter, Interrupted, PatchSpec,
-                          StateError, StatusPatch, StatusRecord, TreeState, UnitStatus,
-                          now_stamp)
+                          Recovered, StateError, StatusPatch, StatusRecord, TreeState,
+                          UnitStatus, now_stamp)
 
 META = ".patchset"
 AUTHOR = ("patchset", "patchset@localhost")
@@ -103,7 +103,7 @@ class Target:
         self.layout = self._layout(root, package)
         self.meta = self.root / META
         self._git_paths: dict[str, Any] | None = None
-        self.recovered: dict | None = None      # what this operation's recover() did
+        self.recovered: Recovered | None = None  # what this operation's recover() did
 
     def _layout(self, root: str, package: str) -> str:
         if (self.root / self.prefix / package).is_dir():
@@ -662,7 +662,7 @@ def interrupted(target: Target, plan: Recovery) -> Interrupted | None:
                        next=next_step(target, plan))
 
 
-def recover(target: Target) -> dict | None:
+def recover(target: Target) -> Recovered | None:
     """Under the engine's lock: clear stale git locks (logged), then finish a transaction
     a kill interrupted; refuse while a git process works in the tree (after GIT_WAIT) or
     if someone edited the journal's files since. What was done, or None."""
@@ -693,22 +693,23 @@ def _settled_plan(target: Target) -> Recovery:
     return plan
 
 
-def _done(plan: Recovery) -> dict:
+def _done(plan: Recovery) -> Recovered:
     """The record of a repair: the result's `recovered` and the recovery log's line."""
     journal = plan.journal or {}
     after = {a["name"] for a in journal.get("state", {}).get("applied", [])}
-    return {"op": journal.get("op"), "id": journal.get("id"), "finished": bool(journal),
-            "removed": [n for n in journal.get("before", []) if n not in after],
-            "stale_git_locks": [str(p) for p in plan.stale]}
+    return Recovered(op=journal.get("op"), id=journal.get("id"), finished=bool(journal),
+                     removed=[n for n in journal.get("before", []) if n not in after],
+                     stale_git_locks=[str(p) for p in plan.stale])
 
 
-def _log_recovery(target: Target, done: dict) -> None:
+def _log_recovery(target: Target, done: Recovered) -> None:
     """One JSON line per repair in .patchset/recovery.log: what a kill left and what was
     done about it outlives the result line (which a dropped SSH connection loses). A log
     that cannot be written (a link or a fifo planted there) fails nothing: the result
     carries the same record."""
     target.meta.mkdir(exist_ok=True)
-    line = json.dumps({"time": now(), "pid": os.getpid(), **done}, sort_keys=True) + "\n"
+    line = json.dumps({"time": now(), "pid": os.getpid(), **done.to_json()},
+                      sort_keys=True) + "\n"
     try:
         fd = os.open(target.meta / RECOVERY_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT
                      | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
@@ -858,7 +859,7 @@ def op_revert(target: Target, request: wire.RevertRequest, bundle: Path) -> wire
     names = [a.name for a in applied]
     remove = set(request.names)
     # a revert the recovery just finished is this one, run again after a kill: done
-    done = set((target.recovered or {}).get("removed", ())) & remove
+    done = set(target.recovered.removed if target.recovered else ()) & remove
     missing = sorted(remove - set(names) - done)
     if missing:
         raise EngineError(f"{', '.join(missing)} not applied on {target.root} "

@@ -216,11 +216,11 @@ def test_status_says_what_the_next_command_does_and_it_does_it(
                                       ".git/index.lock (no git process is working in the "
                                       "tree) and finishes it")
     again = run(transport)
-    assert again.ok and again.recovered["finished"]
-    assert again.recovered["stale_git_locks"] == [str(tree / ".git" / "index.lock")]
+    assert again.ok and again.recovered and again.recovered.finished
+    assert again.recovered.stale_git_locks == [str(tree / ".git" / "index.lock")]
     log = [json.loads(line) for line in
            (tree / ".patchset" / "recovery.log").read_text().splitlines()]
-    assert log[-1]["stale_git_locks"] == again.recovered["stale_git_locks"]
+    assert log[-1]["stale_git_locks"] == again.recovered.stale_git_locks
     assert not (tree / ".git" / "index.lock").exists()
 
 

@@ -115,7 +115,7 @@ def test_round_trip_through_json(op: str) -> None:
 
 
 def test_a_filled_request_round_trips_with_its_nested_values() -> None:
-    from patchset.agent.lib.records import FileChange, PatchSpec, TraceSpec
+    from patchset.agent.lib.records import FileChange, PatchSpec, Recovered, TraceSpec
     spec = PatchSpec(name="a", sha256="ab" * 32, file="patches/a.patch",
                      files=[FileChange(path="x", pre=None, post="c" * 40)],
                      trace=[TraceSpec(module="m", qualname="f")], gate={"env": "E", "on": "1"})
@@ -132,7 +132,7 @@ def test_a_filled_request_round_trips_with_its_nested_values() -> None:
                                              r"expected str, got int$"):
         wire.decode_request(sent)
     result = wire.RevertResult(changed=True, before=["a", "b"], after=["a"], reverted=["b"],
-                               recovered={"removed": ["b"]}, head="c" * 40)
+                               recovered=Recovered(removed=["b"]), head="c" * 40)
     assert wire.decode_result("revert", wire.encode_result(result)) == result
 
 

@@ -166,6 +166,21 @@ class TreeState:
         return [a.name for a in self.applied]
 
 
+# ---------------------------------------------------------------- a repair
+
+@dataclass
+class Recovered(Message):
+    """What an operation repaired first: the transaction a kill interrupted (finished:
+    the journal's op and id, the patches it took out) and the stale git locks cleared.
+    The result's `recovered` and the line of .patchset/recovery.log."""
+
+    op: Optional[str] = None
+    id: Optional[str] = None
+    finished: bool = False
+    removed: List[str] = field(default_factory=list)
+    stale_git_locks: List[str] = field(default_factory=list)
+
+
 # ---------------------------------------------------------------- status
 # The status op's result (StatusRecord) and the records it holds: each a Message, so the
 # wire checks them down to their leaves, and the controller reads attributes, never keys.

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Un
 
 from .message import Failure, Message, Result, WireError
 from .protocol import PROTOCOL
-from .records import PatchSpec, StatusRecord
+from .records import PatchSpec, Recovered, StatusRecord
 
 
 
@@ -141,7 +141,7 @@ class AdoptRequest(Request):
 class TreeResult(Result):
     """What the engine adds to every op it runs under the tree lock."""
 
-    recovered: Optional[Dict[str, Any]] = None    # the interrupted work it finished first
+    recovered: Optional[Recovered] = None         # the interrupted work it finished first
     provisioned: Optional[str] = None             # apply: where a missing tree came from
 
 

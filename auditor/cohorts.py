@@ -115,7 +115,8 @@ def runs(series: Series, hosts: list[HostReport], cohorts: tuple[CohortSpec, ...
             gone = Aspect(reason=f"{h.host}: {why}")
             out.append(ServerRun(h.host, "-", UNKNOWN, spec.name, gone, gone, gone, gone))
             continue
-        for srv in h.facts.sglang_servers or [None]:
+        servers: list[Server | None] = [*h.facts.sglang_servers] or [None]
+        for srv in servers:
             out.append(server_run(series, h, srv, spec.name))
     return out
 

@@ -256,10 +256,11 @@ def role(ctx: Context) -> FactValue:
                          source=f"server.disaggregation_mode ({mode.source})")
     record = ctx.host.units.get(ctx.server.unit or "")
     declared = record.x("X-Patchset-Role") if record else None
-    if declared:
+    if record and declared:
         return FactValue(declared, source=f"X-Patchset-Role in {record.name}")
-    if ctx.server.argv:      # no flag: ServerArgs' default, which no startup hook changes
-        return FactValue("null", provenance=ctx.server.main.cmdline.provenance,
+    cmdline = ctx.server.main.cmdline
+    if cmdline and ctx.server.argv:   # no flag: ServerArgs' default, no startup hook changes
+        return FactValue("null", provenance=cmdline.provenance,
                          source="command line (no --disaggregation-mode: default null)")
     return mode
 

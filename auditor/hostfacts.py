@@ -92,8 +92,8 @@ def _unit_of(rec: dict, facts: HostFacts) -> str | None:
     unit = procs.cgroup_unit((rec.get("cgroup") or {}).get("stdout") or "")
     if unit:
         return unit
-    for name, unit in facts.units.items():
-        if unit.show.known and unit.show.value.get("MainPID") == rec["pid"]:
+    for name, record in facts.units.items():
+        if record.show.known and record.show.value.get("MainPID") == rec["pid"]:
             return name
     return None
 

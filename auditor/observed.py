@@ -90,9 +90,9 @@ class ProcessRecord:
 
     @classmethod
     def of(cls, rec: dict) -> "ProcessRecord":
-        fmt = rec.get("format")
+        fmt, pid = rec.get("format"), rec.get("pid")
         return cls(
-            rec.get("pid"), rec.get("title"), fmt if type(fmt) is int else 1,
+            pid if type(pid) is int else None, rec.get("title"), fmt if type(fmt) is int else 1,
             {str(t): tuple(str(p) for p in ps or ()) for t, ps in _items(rec.get("targets"))},
             {str(t): _watch(w) for t, w in _items(rec.get("watched"))},
             {str(t): _hit(h) for t, h in _items(rec.get("hits"))},
@@ -168,10 +168,14 @@ def observe(server: Server, patch: str, paths: Iterable[str],
             else:
                 (ran if proves(target, gated) else weak).append(_entry(rec, target, hit))
     need = sorted(set(paths))
-    not_run, why = [], []
+    not_run: list[dict] = []
+    why: list[str] = []
     for rec in recs:
         shown, reason = _not_run_in(rec, patch, need, gated)
-        (not_run if shown else why).append(shown or reason)
+        if shown:
+            not_run.append(shown)
+        else:
+            why.append(reason)
     if any(e["target"] in map(name, _judged(rec.mine(patch), gated)) for rec in recs
            for e in entered if e["pid"] == rec.pid):
         not_run = []                     # its code was entered somewhere: not "not run"
@@ -285,7 +289,7 @@ def modes_ran(server: Server, patch: str, gated: bool = False) -> dict[str, list
                 continue
             for mode in hit.modes:
                 out.setdefault(mode, [])
-                if rec.pid not in out[mode]:
+                if rec.pid is not None and rec.pid not in out[mode]:
                     out[mode].append(rec.pid)
     return out
 

@@ -34,9 +34,9 @@ from patchset.agent.lib.staleness import runs_in, served_paths
 
 def evaluate_host(series: Series, facts: HostFacts) -> list[PatchState]:
     """States per (patch, server); a host with no running server gets host-level states."""
-    servers = facts.sglang_servers
+    servers: list[Server | None] = [*facts.sglang_servers] or [None]
     out: list[PatchState] = []
-    for srv in servers or [None]:
+    for srv in servers:
         out += Evaluator(series, facts, srv).all()
     return out
 
@@ -90,6 +90,7 @@ class Evaluator:
         if patch.name not in applied:
             carried = self._loaded_as(patch.name)
             if carried:            # reverted on disk, still in the running process
+                assert self.server is not None          # carried: its records said so
                 st = self._runtime(patch)
                 return self._observe(patch, replace(st, reason=(
                     f"loaded by pid {self.server.main.pid} ({carried}), no longer on disk: "
@@ -135,8 +136,9 @@ class Evaluator:
         code overrides it; no evidence leaves it as declared, and says why."""
         word = word_for(self.server, patch.name) if self.server else None
         gated = patch.gate is not None
-        obs = observe(self.server, word, self._paths(patch), gated) \
-            if word and self.server else None
+        if not word or self.server is None:
+            return st
+        obs = observe(self.server, word, self._paths(patch), gated)
         if obs is None:
             return st
         modes = tuple(sorted(modes_ran(self.server, word, gated)))

@@ -110,7 +110,8 @@ def _process(rec: dict, live: dict[int, str]) -> ProcessTrace:
                               watch.why if watch else None,
                               "forward entry" if is_marker(patches) else
                               EVIDENCE[split_flag(target)[0]]))
-    return ProcessTrace(typed.pid, live.get(typed.pid) or typed.title, rec.get("mode"),
+    now = live.get(typed.pid) if typed.pid is not None else None
+    return ProcessTrace(typed.pid, now or typed.title, rec.get("mode"),
                         tuple(rows), typed.unavailable,
                         {m: f.count for m, f in sorted(typed.forwards.items())})
 

@@ -63,9 +63,10 @@ class LocalTransport:
         sink = wire.LineSink(on_event)
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               stdin=subprocess.DEVNULL, text=True) as proc:
-            for line in proc.stdout:           # type: ignore[union-attr]
+            assert proc.stdout is not None and proc.stderr is not None     # both PIPE
+            for line in proc.stdout:
                 sink.write(line)
-            stderr = proc.stderr.read()        # type: ignore[union-attr]
+            stderr = proc.stderr.read()
         sink.close()
         return sink.outcome(self.host, proc.returncode, stderr, request.op)
 

@@ -47,9 +47,9 @@ class Hosts:
             raise UsageError(f"--target {str(self.target)!r}: use an absolute path (or ~/...) "
                              f"of letters, digits and _./+@- on {spec}")
         from .ssh import SshTransport
-        tree = str(self.target) if self.target else host.tree or remote_default_target(
+        remote = str(self.target) if self.target else host.tree or remote_default_target(
             self.series.upstream)
-        transport = SshTransport(host, tree, accept_new=self.accept_new, python=host.python)
+        transport = SshTransport(host, remote, accept_new=self.accept_new, python=host.python)
         self.opened.append(transport)
         return transport
 

@@ -96,7 +96,9 @@ def load_known_hosts(keys: Any, file: Path) -> None:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
         except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
             continue                        # a line it cannot read (as OpenSSH skips it)
-        for name in entry.hostnames if entry is not None else []:
+        if entry is None:
+            continue
+        for name in entry.hostnames:
             keys.add(name, entry.key.get_name(), entry.key)
 
 

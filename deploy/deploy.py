@@ -428,10 +428,11 @@ def affected_roles(host: Host, transport: Transport, tree: str, git_prefix: str 
 
 
 def restart_after_apply(series, inventory, specs, transports, results, timeout, lock_wait,
-                        on_event, on_host=lambda name: None) -> list:
+                        on_event, on_host=lambda name: None) -> list[DeployResult | None]:
     """After apply: redeploy, host by host, the server roles whose patches or gates changed
     (or whose process is stale). Stops at the first host that fails (it is rolled back)."""
-    out, stopped = [], None
+    out: list[DeployResult | None] = []
+    stopped: str | None = None
     for spec, transport, applied in zip(specs, transports, results):
         if not applied.ok:
             out.append(None)

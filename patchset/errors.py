@@ -30,7 +30,7 @@ class Exit(IntEnum):
         none. A code of the table comes back as its member; any other int unchanged."""
         codes = set(codes)
         worst = cls.UNREACHABLE if cls.UNREACHABLE in codes else max(codes, default=cls.OK)
-        return cls._value2member_map_.get(worst, worst)
+        return cls(worst) if worst in cls._value2member_map_ else worst
 
 
 # The one exit-code table: the reference page and the tests read it from here.

@@ -7,7 +7,7 @@ the same tree to record lines and reject duplicates.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,7 +23,7 @@ class Located:
     def __init__(self, file: str, data: Any, lines: dict[Path_, int]) -> None:
         self.file, self.data, self.lines = file, data, lines
 
-    def line(self, path: Path_) -> int | None:
+    def line(self, path: Path_) -> int:
         """Line of `path`, or of its nearest ancestor that has one."""
         while path:
             if path in self.lines:
@@ -55,10 +55,13 @@ MAX_INT_DIGITS = 30
 
 # LibYAML's parser when PyYAML has it (its wheels do): the pure-Python scanner is ~80% of
 # loading the shipped manifest (80 ms -> 11 ms); the nodes, marks and errors are the same.
-_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:               # the stubs declare both; the code uses what they share
+    _BASE = yaml.CSafeLoader
+else:
+    _BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_BASE):  # type: ignore[misc, valid-type]
+class _Loader(_BASE):
     """SafeLoader whose scalars cannot raise outside YAMLError: a 10**6-digit integer or
     an impossible date (`2026-13-45`) becomes a positioned error, not a traceback."""
 
@@ -125,7 +128,7 @@ def _check_bounds(text: str, file: str) -> None:
                 sizes[anchor] = count
             stack[-1][1] += count
         elif isinstance(event, yaml.AliasEvent):
-            added = sizes.get(event.anchor, 1)
+            added = sizes.get(event.anchor or "", 1)       # an alias always names one
             stack[-1][1] += added
             total += added
         elif isinstance(event, yaml.ScalarEvent):

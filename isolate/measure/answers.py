@@ -183,7 +183,9 @@ def generate_answer(answer: Any, source: str = GENERATE) -> GenerateAnswer:
 
 
 def _id(value: Any, source: str, path: tuple) -> int:
-    return count(expect(value, int, source, path), source, path)
+    got = count(expect(value, int, source, path), source, path)
+    assert got is not None                  # expect() let only an int through
+    return got
 
 
 def _entries(meta: dict, key: str, source: str) -> tuple[Entry, ...] | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from typing import TypedDict
 
 WORDS_PER_TOKEN = 0.75          # English prose: real tokenizers give >= 1.3 tokens per word
 DEFAULT_SIZES = (8192, 16384, 32768)
@@ -29,7 +30,13 @@ LEVELS = ("INFO", "WARN", "ERROR")
 EVENTS = ("request served", "retry scheduled", "connection reset", "batch flushed",
           "cache evicted", "worker restarted", "timeout waiting for upstream",
           "config reloaded", "checkpoint loaded", "slow query logged")
-TOOLS = [
+class Tool(TypedDict):
+    name: str
+    description: str
+    parameters: dict[str, str]
+
+
+TOOLS: list[Tool] = [
     {"name": "get_metrics", "description": "Recent values of one metric of a service.",
      "parameters": {"service": "string", "metric": "string", "minutes": "integer"}},
     {"name": "read_log", "description": "The last lines of a service's log.",
@@ -96,7 +103,7 @@ def _cycle(rng: random.Random, turn: int) -> list[str]:
     else:
         table = rng.choice(("incidents", "deploys", "alerts"))
         args = {"sql": f"SELECT service, count(*) FROM {table} GROUP BY service"}
-        rows = [[s, rng.randint(0, 40)] for s in rng.sample(SERVICES, 6)]
+        rows = [(s, rng.randint(0, 40)) for s in rng.sample(SERVICES, 6)]   # JSON arrays
         result = {"columns": ["service", "count"], "rows": rows}
         worst = max(rows, key=lambda r: r[1])
         summary = f"In {table}, {worst[0]} leads with {worst[1]}; {len(rows)} services listed."

@@ -394,9 +394,10 @@ class DriftReport:
 
     def to_json(self, points: bool = False) -> dict:
         def comp(c: Comparison) -> dict:
-            out = {"overall": asdict(c.overall), "buckets": {k: asdict(v) for k, v in
-                                                             c.buckets.items()},
-                   "top1_agreement": c.top1_agreement, "first_divergence": c.first_divergence}
+            out: dict[str, Any] = {
+                "overall": asdict(c.overall),
+                "buckets": {k: asdict(v) for k, v in c.buckets.items()},
+                "top1_agreement": c.top1_agreement, "first_divergence": c.first_divergence}
             if points:
                 out["points"] = [list(p) for p in c.points]
             return out
@@ -443,10 +444,9 @@ def _judge(per: tuple[SequenceDrift, ...], state: DriftRun, judge: Judge) -> Dec
     """Each sequence's drift paired with the noise on its own tokens (isolate/
     driftdecide.py: the sequence is the unit)."""
     noise = sequence_noise(state)
-    pairs = [Paired(p.name, p.comparison.overall.mean, noise[p.name],
-                    p.comparison.overall.tokens)
+    pairs = [Paired(p.name, p.comparison.overall.mean, level, p.comparison.overall.tokens)
              for p in per if p.comparison.overall.mean is not None
-             and noise.get(p.name) is not None]
+             and (level := noise.get(p.name)) is not None]
     replays = min((len(s.prefill_lp) for s in state.sequences), default=0)
     return decide(pairs, judge.tolerance, judge.confidence, replays, judge.looks)
 

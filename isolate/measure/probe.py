@@ -517,6 +517,7 @@ class DriftAuditProbes(_PerHost):
             return [self._result(url, False, "the endpoint could not be reached",
                                  outcome.error, started, unreachable=True)]
         rep = outcome.report
+        assert rep is not None                  # reached: probe_drift made its report
         result = self._result(url, rep.verdict.outcome == "bounded", rep.verdict.why, None,
                               started, drift=rep.to_json(points=True))
         result.inconclusive = rep.verdict.outcome == "inconclusive"

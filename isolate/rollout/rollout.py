@@ -96,7 +96,8 @@ def states_off(report: Any, target: HostState, units: list[str],
     any other patch must be not-applied, and nothing may be drifted. Every (unit, patch
     of `patches`) must have been observed: a host whose facts were not gathered, or a
     pair with no state row, is unknown, never as intended."""
-    wrong, unknown = [], []
+    wrong: list[str] = []
+    unknown: list[str] = []
     if not report.hosts:
         return [], ["the audit gathered no facts of the host"]
     seen = set()
@@ -362,7 +363,7 @@ def _change_and_gate(fleet: Fleet, t: DrivenHost, step: Step, log: Log, target: 
 
 
 def _roll_back(fleet: Fleet, run: Rollout, log: Log, saved: dict[str, Saved],
-               say: Say, skip: set[str] = frozenset()) -> None:
+               say: Say, skip: frozenset[str] | set[str] = frozenset()) -> None:
     """Every host this rollout changed, back to its saved state (last changed first),
     but those in `skip` (already put back); the rollback goes on past a host that fails,
     and says which."""

@@ -487,6 +487,7 @@ def _dependents(series: Series, applied: list[str], name: str) -> list[str]:
 def _describe(t: BisectHost, cand: Candidate) -> str:
     patch = t.series.by_name()[cand.patch]
     if cand.plan == "gate-off":
+        assert patch.gate is not None           # only a gated patch is a gate-off candidate
         return f"{patch.gate.env} unset (gate of {cand.patch}), restart"
     return f"revert {', '.join(cand.takes_out)}, restart"
 

@@ -164,6 +164,7 @@ class Effect:
         if len(self.excess) >= 2:
             confidence = statistics.NormalDist().cdf(k)
             low, high = bounds(list(self.excess), 1 - (1 - confidence) / BOUND_MARGIN)
+            assert low is not None and high is not None     # two values or more have both
             return float(low), float(high)
         return self.value - k * self.se, max(self.value, 0.0) + k * self.se
 

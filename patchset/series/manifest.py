@@ -315,9 +315,9 @@ def _requirement(doc: Located, where: tuple, item: Any) -> Requirement:
                         f"{_shown(value)}")
     items = value if isinstance(value, tuple) else (value,)
     for item in items:
-        if isinstance(item, str) and validate.control_char(item):
+        if isinstance(item, str) and (char := validate.control_char(item)):
             raise doc.error(where + ("value",), f"{item!r} contains "
-                            f"{validate.describe(validate.control_char(item))}")
+                            f"{validate.describe(char)}")
     bad = factnames.value_problem(fact, items)
     if bad:
         raise doc.error(where + ("value",), bad)

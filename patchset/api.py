@@ -20,8 +20,8 @@ from .errors import (BisectPending, Exit, Unreachable, LockedError, PatchsetErro
 from patchset.series.model import Patch, Series
 from patchset.series.selection import Plan, Selection, list_patches, plan  # noqa: F401 (list_patches: API)
 
-from patchset.agent.lib.records import (FileChange, PatchSpec, Recovered, StatusRecord,
-                                        TraceSpec, UnitStatus)
+from patchset.agent.lib.records import (BaseSource, FileChange, GitSource, PatchSpec,
+                                        Recovered, StatusRecord, TraceSpec, UnitStatus)
 
 if TYPE_CHECKING:
     # Imported where used: `list`, `show` and `plan` do not load the transport's tarfile.
@@ -102,7 +102,7 @@ def _run_on(transport: Transport, request: ApplyRequest | RevertRequest, files: 
         if isinstance(raw, Failure) and raw.kind == "need_base" and base_provider \
                 and isinstance(request, ApplyRequest):
             commit, bundle = base_provider()
-            request = replace(request, base=dict(request.base, commit=commit))
+            request = replace(request, base=replace(request.base, commit=commit))
             raw = transport.call(request, {**files, "base.bundle": bundle})
         result = raise_for(transport.host, raw)
     except (Unreachable, TargetError, UsageError) as exc:
@@ -146,9 +146,10 @@ def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: 
     most `forks` hosts at once. `bisect`: the id of the bisect this change is a step of
     (others are refused)."""
     pin = series.upstream
-    git_pin = {"url": pin.git.url, "ref": pin.git.ref} if pin.git else None
+    git_pin = GitSource(url=pin.git.url, ref=pin.git.ref) if pin.git else None
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
-                                  lock_wait=lock_wait, base={"git": git_pin}, bisect=bisect)
+                                  lock_wait=lock_wait, base=BaseSource(git=git_pin),
+                                  bisect=bisect)
     return on_hosts(transports, lambda t: _run_on(
         t, replace(request, provision=t.provisions), files, base_provider), forks)
 

@@ -43,7 +43,7 @@ from .lib.crashpoint import crash_point
 from .lib.gitenv import run_git
 from .lib.gitblob import EngineError, blob_id, file_diff, git, git_apply, text_or_refuse
 from .lib.protocol import Events, ended, killed
-from .lib.records import (AppliedPatch, Drift, Interpreter, Interrupted, PatchSpec,
+from .lib.records import (AppliedPatch, BaseSource, Drift, Interpreter, Interrupted, PatchSpec,
                           Recovered, StateError, StatusPatch, StatusRecord, TreeState,
                           UnitStatus, now_stamp)
 
@@ -1167,15 +1167,15 @@ def provision_base(request: wire.ApplyRequest, bundle: Path) -> str:
     return source
 
 
-def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
+def _clone_base(base: BaseSource, bundle: Path, tmp: Path) -> str | None:
     shipped = bundle / "base.bundle"
     attempts = [("controller", str(shipped.resolve()), None)] if shipped.exists() else []
-    if base.get("git") and not shipped.exists():
-        url, ref = base["git"]["url"], base["git"]["ref"]
+    if base.git and not shipped.exists():
+        url, ref = base.git.url, base.git.ref
         _refuse_option("upstream.git.url", url)
         _refuse_option("upstream.git.ref", ref)
         attempts.append(("git", url, ref))
-    commit = base.get("commit")
+    commit = base.commit
     if shipped.exists() and not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}",
                                                                           commit)):
         raise EngineError(f"the request's base commit {commit!r} is not a 40-hex id", "usage")
@@ -1190,7 +1190,7 @@ def _clone_base(base: dict, bundle: Path, tmp: Path) -> str | None:
                        timeout=120).returncode != 0:
                 raise EngineError(f"git clone of {url} failed")
             git(tmp, "checkout", "-q", "-B", "patchset",
-                base["commit"] if source == "controller" else "HEAD")
+                str(commit) if source == "controller" else "HEAD")
             return source
         except (subprocess.SubprocessError, EngineError):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from patchset.agent.lib.records import BaseSource, GitSource
 from patchset.pin import pinrules, upstream
 from patchset.agent import engine
 from patchset.agent.lib import wire
@@ -364,8 +365,8 @@ def test_engine_on_a_host_refuses_a_hostile_clone(tmp_path: Path, url, ref) -> N
     loader is a usage error, git never runs, no tree appears."""
     mark = tmp_path / MARK
     dest = tmp_path / "tree"
-    request = wire.ApplyRequest(provision=True, target=str(dest), base={"git": {
-        "url": planted(url, mark), "ref": planted(ref, mark)}})
+    request = wire.ApplyRequest(provision=True, target=str(dest), base=BaseSource(
+        git=GitSource(url=planted(url, mark), ref=planted(ref, mark))))
     result = engine.serve(request, tmp_path)
     assert isinstance(result, wire.Failure) and result.kind == "usage"
     assert "\n" not in result.message
@@ -379,7 +380,7 @@ def test_engine_clone_puts_the_url_after_double_dash(tmp_path: Path, monkeypatch
     monkeypatch.setattr(engine, "_refuse_option", lambda field, value: None)
     for url, ref in ((f"--upload-pack=touch {mark}", "v0.5.14"),
                      (control_repo(tmp_path).as_uri(), f"--upload-pack=touch {mark}")):
-        assert engine._clone_base({"git": {"url": url, "ref": ref}}, tmp_path / "b",
+        assert engine._clone_base(BaseSource(git=GitSource(url=url, ref=ref)), tmp_path / "b",
                                   tmp_path / "clone") is None
     assert not mark.exists() and not (tmp_path / "clone").exists()
 

@@ -115,7 +115,8 @@ def test_round_trip_through_json(op: str) -> None:
 
 
 def test_a_filled_request_round_trips_with_its_nested_values() -> None:
-    from patchset.agent.lib.records import FileChange, PatchSpec, Recovered, TraceSpec
+    from patchset.agent.lib.records import (BaseSource, FileChange, GitSource, PatchSpec,
+                                            Recovered, TraceSpec)
     spec = PatchSpec(name="a", sha256="ab" * 32, file="patches/a.patch",
                      files=[FileChange(path="x", pre=None, post="c" * 40)],
                      trace=[TraceSpec(module="m", qualname="f")], gate={"env": "E", "on": "1"})
@@ -123,7 +124,7 @@ def test_a_filled_request_round_trips_with_its_nested_values() -> None:
                                 patches=[spec],
                                 base_files={"python/x.py": None, "python/y.py": "ab" * 20},
                                 upstream={"name": "sglang"}, provision=True,
-                                base={"git": {"url": "u", "ref": "r"}})
+                                base=BaseSource(git=GitSource(url="u", ref="r")))
     back = wire.decode_request(json.loads(json.dumps(wire.encode_request(request))))
     assert back == request and isinstance(back.patches[0].files[0], FileChange)
     sent = wire.encode_request(request)

@@ -72,6 +72,23 @@ class PatchSpec(Message):
     trace_mode: str = "add"                       # add (to the derived targets) | replace
 
 
+@dataclass
+class GitSource(Message):
+    """The pin's git remote and ref, as the manifest names them."""
+
+    url: str
+    ref: str
+
+
+@dataclass
+class BaseSource(Message):
+    """Where a host without a tree gets the pinned base: the pin's git remote, else the
+    commit of the git bundle the controller ships beside the request (base.bundle)."""
+
+    git: Optional[GitSource] = None
+    commit: Optional[str] = None
+
+
 # ---------------------------------------------------------------- the tree's state
 
 @dataclass

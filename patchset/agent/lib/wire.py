@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Un
 
 from .message import Failure, Message, Result, WireError
 from .protocol import PROTOCOL
-from .records import PatchSpec, Recovered, StatusRecord
+from .records import BaseSource, PatchSpec, Recovered, StatusRecord
 
 
 
@@ -50,14 +50,14 @@ class TreeChangeRequest(Request):
     bisect: Optional[str] = None      # the bisect this change is a step of
     patches: List[PatchSpec] = dataclasses.field(default_factory=list)   # the desired series
     base_files: Dict[str, Optional[str]] = dataclasses.field(default_factory=dict)
-    upstream: Optional[Dict[str, Any]] = None
+    upstream: Optional[Dict[str, str]] = None      # {"name", "version"} of the pin
 
 
 @dataclasses.dataclass
 class ApplyRequest(TreeChangeRequest):
     op: ClassVar[str] = "apply"
     provision: bool = False
-    base: Dict[str, Any] = dataclasses.field(default_factory=dict)   # {"git", "commit"}
+    base: BaseSource = dataclasses.field(default_factory=BaseSource)
 
 
 @dataclasses.dataclass
@@ -164,7 +164,7 @@ class RevertResult(ApplyResult):
 class CaptureResult(TreeResult):
     target: str = ""
     diff: str = ""
-    files: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    files: Dict[str, Dict[str, Optional[str]]] = dataclasses.field(default_factory=dict)  # {pre, post}
     applied: List[str] = dataclasses.field(default_factory=list)
 
 

@@ -25,6 +25,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from patchset.agent.lib.records import Event
 from patchset import __version__
 from patchset.agent.lib import wire
 from patchset.agent.lib.redact import Redactor, is_secret_name
@@ -213,7 +214,7 @@ class Scrub:
     def events(self, sink: EventSink | None) -> EventSink | None:
         if sink is None:
             return None
-        return lambda event: sink(self.red.value(event))
+        return lambda event: sink(Event.from_json(self.red.value(event.to_json())))
 
 
 def _secret_args(words: list[str]) -> set[str]:

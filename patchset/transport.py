@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, TypeVar
 
 from patchset.agent.lib import bounded, wire
 from patchset.agent.lib.protocol import ended, killed
+from patchset.agent.lib.records import Event
 from .errors import BisectPending, LockedError, PatchsetError, TargetError, UsageError
 
 if TYPE_CHECKING:
     import tarfile
 
-EventSink = Callable[[dict], None]
+EventSink = Callable[[Event], None]
 AGENT_DIR = Path(__file__).resolve().parent / "agent"
 AGENT_NAME = "patchset_agent"       # the package's name on a host (never `patchset`)
 REMOTE_ENV = {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
@@ -158,8 +159,13 @@ class LineSink:
         if isinstance(value, dict) and isinstance(value.get("result"), dict):
             self.result = value["result"]
         elif isinstance(value, dict) and "event" in value:
+            try:
+                event = Event.from_json(value, "an event line")
+            except wire.WireError:        # not this protocol's event: shown with the rest
+                self.other.append(line)
+                return
             if self.on_event:
-                self.on_event(value)
+                self.on_event(event)
         elif line.strip():
             self.other.append(line)
 

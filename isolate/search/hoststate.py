@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from patchset import api
 from patchset.agent.lib.bounded import InputError, expect
-from patchset.agent.lib.records import StatusRecord
+from patchset.agent.lib.records import Event, StatusRecord
 from patchset.errors import TargetError, UsageError
 from patchset.series.model import Series
 from patchset.series.selection import Plan, Selection
@@ -34,7 +34,7 @@ class DrivenHost:
     host: Any                 # connect.inventory.Host
     transport: Transport
     health_timeout: float | None = None
-    on_event: Callable[[dict], None] | None = None
+    on_event: Callable[[Event], None] | None = None
 
     @property
     def tree(self) -> str:
@@ -135,9 +135,9 @@ def converge(t: DrivenHost, applied: list[str], gates_off: list[str],
     if not result.ok:
         raise TargetError(result.error or f"{t.host.name}: apply failed")
 
-    def on_event(event: dict) -> None:
-        if event.get("event") == "restart" and event.get("role"):
-            counted.append(str(event["role"]))
+    def on_event(event: Event) -> None:
+        if event.event == "restart" and event.role:
+            counted.append(event.role)
         if t.on_event:
             t.on_event(event)
 

@@ -30,6 +30,7 @@ import pytest
 import yaml
 from tests.audit_facts import synth
 
+from patchset.agent.lib.records import Event
 from patchset.auditor import api, hostfacts
 from patchset.agent.lib.facts import procs
 from patchset.agent import gather
@@ -279,7 +280,7 @@ class ScriptedChannel(FakeTransport):
         if request["op"] == "facts":
             return dict(self.facts, root=True) if self.facts.get("ok") else self.facts
         for event in self.deploy.get("events", []) if on_event else []:
-            on_event(event)
+            on_event(Event(**event))
         return {k: v for k, v in self.deploy.items() if k != "events"}
 
 
@@ -365,11 +366,11 @@ def failed_deploy() -> dict:
 
 
 def test_a_failed_deploy_shows_a_redacted_journal_and_error() -> None:
-    seen: list[dict] = []
+    seen: list[Event] = []
     result = dep.deploy_units(host(), ScriptedChannel(facts(old_files()), failed_deploy()),
                         "/opt/sglang", timeout=5, on_event=seen.append)
     assert not result.ok and result.exit_code == 4
-    assert_clean(json.dumps(result.to_json()) + json.dumps(seen))
+    assert_clean(json.dumps(result.to_json()) + json.dumps([e.to_json() for e in seen]))
     assert "last journal lines of sglang-decode.service:" in result.details
     assert "api_key='<redacted>'" in result.details and "HF_TOKEN=<redacted>" in result.details
     assert "plain line that stays" in result.details and MARK in result.error

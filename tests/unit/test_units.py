@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 
+from patchset.agent.lib.records import Event
 from patchset.deploy import deploy as dep
 from patchset.connect.local import LocalTransport
 from patchset import transport as wire
@@ -285,13 +286,15 @@ def test_rendered_units_pass_systemd_analyze_verify_silently(tmp_path: Path) -> 
 # ---------------------------------------------------------------- the runner's pieces
 
 def test_line_sink_splits_events_result_and_noise() -> None:
-    got = []
+    got: list[Event] = []
     sink = wire.LineSink(got.append)
-    sink.write('{"event": "wait", "ro')
-    sink.write('le": "decode"}\nnoise\n{"result": {"ok": true}}')
+    line = json.dumps(Event(event="wait", role="decode", elapsed=1.0).to_json())
+    sink.write(line[:10])
+    sink.write(line[10:] + '\nnoise\n{"event": "wait", "rol": 1}\n{"result": {"ok": true}}')
     sink.close()
-    assert got == [{"event": "wait", "role": "decode"}]
-    assert sink.result == {"ok": True} and sink.other == ["noise"]
+    assert got == [Event(event="wait", role="decode", elapsed=1.0)]    # a typed record
+    assert sink.result == {"ok": True}
+    assert sink.other == ["noise", '{"event": "wait", "rol": 1}']      # not an event of ours
 
 
 def test_events_survive_a_closed_stdout() -> None:
@@ -339,7 +342,7 @@ class ScriptedChannel(FakeTransport):
             return dict(self.facts, root=self.root or self.sudo) if self.facts.get("ok") \
                 else self.facts
         for event in self.deploy.pop("events", []):
-            on_event(event)
+            on_event(Event(**event))
         return self.deploy
 
 
@@ -446,7 +449,7 @@ def test_deploy_view_prints_plain_lines_when_piped(capsys) -> None:
                {"event": "wait", "role": "decode", "elapsed": 11, "timeout": 60,
                 "detail": "HTTP 503"},
                {"event": "healthy", "role": "decode", "elapsed": 12.04, "timeout": 60}):
-        view.event(ev)
+        view.event(Event(**ev))
     assert capsys.readouterr().err.splitlines() == [
         "decode: restarting u (r)", "decode: waiting for http://h/health (timeout 60s)",
         "decode: still waiting after 11s (HTTP 503)", "decode: healthy after 12.0s"]
@@ -467,13 +470,12 @@ def test_deploy_view_draws_a_bar_on_a_terminal(capsys) -> None:
     view = DeployView()
     view.tty = True
     with view:
-        view.event({"event": "wait", "role": "decode", "url": "u", "elapsed": 0, "timeout": 9,
-                    "detail": "starting"})
+        view.event(Event(event="wait", role="decode", url="u", elapsed=0, timeout=9,
+                         detail="starting"))
         assert view.bar is not None
-        view.event({"event": "wait", "role": "decode", "elapsed": 3, "timeout": 9,
-                    "detail": "HTTP 503"})
+        view.event(Event(event="wait", role="decode", elapsed=3, timeout=9, detail="HTTP 503"))
         assert view.bar.tasks[0].completed == 3
-        view.event({"event": "healthy", "role": "decode", "elapsed": 3.5, "timeout": 9})
+        view.event(Event(event="healthy", role="decode", elapsed=3.5, timeout=9))
         assert view.bar is None
     assert "decode: healthy after 3.5s" in capsys.readouterr().err
 

@@ -16,6 +16,8 @@ import signal
 import sys
 from typing import Any, Callable
 
+from .records import Event
+
 PROTOCOL = 3      # 2: typed requests and results (wire.py); 3: adopt's inventory says what it could not read (special, executable, not_read, deferred) and commits their files
 
 
@@ -50,23 +52,22 @@ class Events:
     """JSON lines on stdout; a closed stdout (SSH gone) stops the events, not the work.
     In-process (a local transport), `sink` receives each event instead."""
 
-    def __init__(self, stream: Any = None,
-                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, stream: Any = None, sink: Callable[[Event], None] | None = None) -> None:
         self.stream = stream or sys.stdout
         self.sink = sink
         self.alive = True
 
     def __call__(self, event: str, **data: Any) -> None:
-        self.line({"event": event, **data})
+        self.emit(Event(event=event, **data))
 
-    def line(self, value: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         if not self.alive:
             return
         if self.sink is not None:
-            self.sink(value)
+            self.sink(event)
             return
         try:
-            self.stream.write(json.dumps(value, sort_keys=True) + "\n")
+            self.stream.write(json.dumps(event.to_json(), sort_keys=True) + "\n")
             self.stream.flush()
         except (BrokenPipeError, OSError, ValueError):
             self.alive = False

@@ -183,6 +183,27 @@ class TreeState:
         return [a.name for a in self.applied]
 
 
+# ---------------------------------------------------------------- progress
+
+@dataclass
+class Event(Message):
+    """One progress line of a running op (a deploy's steps, restarts and health waits):
+    a JSON line on the agent's stdout, the same record in process. Which fields a kind
+    fills: step (message), restart (role, unit, reason), wait (role, unit, phase, url,
+    elapsed, timeout, detail), healthy (role, unit, phase, elapsed, timeout)."""
+
+    event: str
+    message: Optional[str] = None
+    role: Optional[str] = None
+    unit: Optional[str] = None
+    reason: Optional[str] = None
+    phase: Optional[str] = None                 # deploy | rollback
+    url: Optional[str] = None
+    elapsed: Optional[float] = None
+    timeout: Optional[float] = None
+    detail: Optional[str] = None
+
+
 # ---------------------------------------------------------------- a repair
 
 @dataclass

@@ -2,13 +2,16 @@
 renders. Results go to stdout (a table, or JSON with --json); progress, messages and
 errors go to stderr.
 
-`app` (cli/app.py) holds the shared options and helpers; each command module registers its
-commands on it when imported, so the modules are imported below in the order `patchset
+`app` (cli/app.py) holds the shared plumbing, cli/options.py the shared options and
+cli/render.py what they print with; each command module, named for its commands, registers
+them on `app` when imported, so the modules are imported below in the order `patchset
 --help` lists their commands.
 """
 
-from .app import DeployView, app, main, run
-from . import queue, serving, isolate, rebase, audit, bisect, rollout, serve
+from .app import app, main, run
+from .render import DeployView
+from . import (queue, deploy, probe, series, adopt, capture, rebase, audit, bisect, rollout,
+               serve)
 
-__all__ = ["app", "main", "run", "DeployView",
-           "queue", "serving", "isolate", "rebase", "audit", "bisect", "rollout", "serve"]
+__all__ = ["app", "main", "run", "DeployView", "queue", "deploy", "probe", "series", "adopt",
+           "capture", "rebase", "audit", "bisect", "rollout", "serve"]

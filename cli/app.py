@@ -1,8 +1,9 @@
-"""The `patchset` CLI: the app, shared options, rendering helpers, the one error handler.
+"""The `patchset` CLI: the app, the plumbing the commands share, the one error handler.
 
 Results go to stdout (a table, or JSON with --json, never both); progress, messages and
 errors go to stderr, so `--json | jq` is never polluted. The command modules (queue,
-serving, ...) register their commands on `app` when cli/__init__.py imports them.
+deploy, ...) register their commands on `app` when cli/__init__.py imports them; the
+options they share are cli/options.py's, what they print with cli/render.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 import typer.main
@@ -20,6 +21,7 @@ import typer.main
 from .. import validate
 from patchset.agent.lib import safewrite
 from ..errors import Exit, PatchsetError, UsageError
+from .render import RichProgress, emit_json, printable_block, say
 
 if TYPE_CHECKING:
     from patchset.auditor.rank import Access
@@ -54,229 +56,6 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 app = typer.Typer(add_completion=True, no_args_is_help=False, pretty_exceptions_enable=False,
                   help=HELP)
 app.callback()(_root)
-
-SeriesOpt = typer.Option(None, "--series", help="patches.yaml to use "
-                         "[default: ./patches.yaml or $PATCHSET_SERIES]")
-TierOpt = typer.Option(None, "--tier", help="safe | moderate | risky (cumulative)")
-PathOpt = typer.Option(None, "--path", help="prefill | decode | both")
-OnlyOpt = typer.Option(None, "--only", help="only these patches (A,B or repeated)")
-ExcludeOpt = typer.Option(None, "--exclude", help="leave these patches out (A,B or repeated)")
-JsonOpt = typer.Option(False, "--json", help="machine-readable output on stdout")
-TargetOpt = typer.Option(None, "--target", help="tree to manage on localhost "
-                         "[default: the provisioned tree under $PATCHSET_HOME]")
-MAX_SECONDS = 7 * 24 * 3600
-
-
-def within(lo: float, hi: float, what: str) -> Callable[[Optional[float]], Optional[float]]:
-    """The callback of every float option: a finite number in lo..hi. typer's float parser
-    takes `nan` (and its min/max let nan through: every comparison with it is false), `inf`
-    and `-1`, which would wait forever, never, or judge nothing."""
-    def check(value: Optional[float]) -> Optional[float]:
-        if value is not None and not lo <= value <= hi:         # False for nan too
-            raise typer.BadParameter(f"{value!r} is not {what} ({lo:g} to {hi:g})")
-        return value
-    return check
-
-
-seconds = within(0, MAX_SECONDS, "a number of seconds")
-
-
-def SecondsOpt(default: Optional[float], *flags: str, help: str):  # noqa: N802 - an Option
-    return typer.Option(default, *flags, help=help, callback=seconds)
-
-
-# One HTTP exchange (a probe's request, a serve client's connection): each is one
-# deadline (patchset/agent/lib/httpdeadline.py); 0 would fail every request and more than a
-# day is a typo, not a wait.
-MIN_REQUEST_SECONDS, MAX_REQUEST_SECONDS = 0.001, 24 * 3600
-request_seconds = within(MIN_REQUEST_SECONDS, MAX_REQUEST_SECONDS,
-                         "a request's timeout in seconds")
-
-
-def RequestSecondsOpt(default: float, *flags: str, help: str):  # noqa: N802 - an Option
-    return typer.Option(default, *flags, help=help, callback=request_seconds)
-
-
-SigmasOpt = typer.Option(3.0, "--sigmas", callback=within(0.5, 10.0, "a number of sigmas"),
-                         help="drift: how many standard errors above the noise make a drift "
-                         "(or a bisect's contribution) real")
-OutputTokensOpt = typer.Option(256, "--output-tokens", min=1, max=32768,
-                               help="drift: tokens generated per sequence")
-ToleranceOpt = typer.Option(0.002, "--tolerance",
-                            callback=within(1e-12, 10.0, "a drift per token"),
-                            help="drift: the drift per token that matters; a drift bounded "
-                            "below it is `bounded` (default: SGLang's own KL gate)")
-ConfidenceOpt = typer.Option(0.99, "--confidence",
-                             callback=within(0.5, 0.9999, "a confidence"),
-                             help="drift: one-sided confidence of `above` and `bounded`")
-BudgetOpt = typer.Option(48, "--budget", min=0, max=2048,
-                         help="drift: sequences at most; rounds of conversations are added "
-                         "until the outcome is decided (0: the shipped conversations once)")
-
-
-ForksOpt = typer.Option(16, "--forks", min=1, max=256,
-                        help="hosts worked on at once (restarts stay host by host)")
-LockWaitOpt = SecondsOpt(0.0, "--lock-wait", help="seconds to wait for another patchset "
-                         "run on the same target")
-HealthTimeoutOpt = SecondsOpt(None, "--health-timeout", help="seconds to wait for each "
-                              "unit's /health [the role's health_timeout, else its "
-                              "TimeoutStartSec]")
-
-ApiKeyEnvOpt = typer.Option(None, "--api-key-env", help="read the endpoint's API key from "
-                            "this environment variable (the key is never shown)")
-ProbeTimeoutOpt = RequestSecondsOpt(600.0, "--probe-timeout",
-                                    help="seconds per probe request, all of it")
-WaiversOpt = typer.Option(None, "--waivers", help="the waivers file (default: ./waivers.yaml "
-                          "when it exists): findings accepted on purpose, shown as waived, "
-                          "not counted in the exit code")
-NoWaiversOpt = typer.Option(False, "--no-waivers", help="read no waivers file")
-
-InventoryOpt = typer.Option(None, "--inventory", help="hosts.yaml [default: ./hosts.yaml or "
-                            "$PATCHSET_INVENTORY]")
-AcceptNewOpt = typer.Option(False, "--accept-new", help="record the key of a host seen for "
-                            "the first time (a changed key is always refused)")
-
-
-# ---------------------------------------------------------------- rendering helpers
-
-def term(stderr: bool = False):
-    """Rich on a terminal; plain, uncoloured and never truncated when piped. Every string
-    printed through it has its control characters escaped (data from a host or a patch
-    must not move the cursor or rewrite the screen); `esc()` also escapes rich markup in
-    values interpolated into a markup string."""
-    from rich.console import Console
-
-    class SafeConsole(Console):
-        def print(self, *objects: Any, **kwargs: Any) -> None:
-            super().print(*(printable_block(o) if isinstance(o, str) else o
-                            for o in objects), **kwargs)
-
-    tty = (sys.stderr if stderr else sys.stdout).isatty()
-    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False,
-                       width=None if tty else 1000, no_color=not tty)
-
-
-def esc(value: Any) -> str:
-    """A value for a rich markup string: markup and control characters escaped (the one
-    terminal helper, patchset/escaping.py)."""
-    from ..escaping import for_terminal
-    return for_terminal(value)
-
-
-def host_error(host: str, error: str) -> None:
-    """A host's failure inside a listing: on stderr (stdout holds only the listing)."""
-    print(f"{validate.printable(str(host))}: {validate.printable(str(error))}", file=sys.stderr)
-
-
-def emit_json(value: Any) -> None:
-    import json                # only --json output needs it
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def say(message: str) -> None:
-    """A message on stderr: through rich on a terminal; piped, the same text printed as it
-    is (no colour or wrapping to add there)."""
-    if sys.stderr.isatty():
-        term(stderr=True).print(message, markup=False, emoji=False)
-    else:
-        print(printable_block(message), file=sys.stderr, flush=True)
-
-
-class RichProgress:
-    """Progress on a TTY (stderr); one plain line per task when piped."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-
-    def task(self, description: str, total: int | None = None):
-        from contextlib import contextmanager
-
-        @contextmanager
-        def _task():
-            if not self.tty:
-                print(f"{description} ...", file=sys.stderr, flush=True)
-                yield lambda n: None
-                return
-            from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
-            columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                       TimeElapsedColumn()]
-            with Progress(*columns, console=term(stderr=True), transient=True) as bar:
-                task = bar.add_task(description, total=total)
-                yield lambda n: bar.advance(task, n)
-        return _task()
-
-class DeployView:
-    """Deploy progress on stderr: a rich bar per /health wait on a TTY, plain lines when
-    piped (the first wait, then one line every PLAIN_EVERY seconds, then the outcome)."""
-
-    PLAIN_EVERY = 30.0
-
-    def __init__(self, host: str | None = None) -> None:
-        self.tty = sys.stderr.isatty()
-        self.host = host               # prefixes every line (several hosts in a row)
-        self.bar = None
-        self.task = None
-        self.printed: dict[tuple, float] = {}
-
-    def __enter__(self) -> "DeployView":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop()
-
-    def event(self, ev: dict) -> None:
-        kind, role = ev.get("event"), ev.get("role", "")
-        rollback = " (rollback)" if ev.get("phase") == "rollback" else ""
-        if kind == "step":
-            self._line(str(ev.get("message")))
-        elif kind == "restart":
-            self._stop()
-            self.printed.clear()
-            self._line(f"{role}: restarting {ev.get('unit')} ({ev.get('reason')})")
-        elif kind == "healthy":
-            self._stop()
-            self._line(f"{role}: healthy after {float(ev.get('elapsed', 0)):.1f}s{rollback}")
-        elif kind == "wait":
-            self._wait(ev, role, rollback)
-
-    def _wait(self, ev: dict, role: str, rollback: str) -> None:
-        elapsed, timeout = float(ev.get("elapsed", 0)), float(ev.get("timeout", 0))
-        what = (f"{self.host}: " if self.host else "") + (
-            f"{role}: waiting for /health{rollback} ({ev.get('detail')})")
-        if self.tty:
-            if self.bar is None:
-                from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn,
-                                           TimeElapsedColumn)
-                self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                    BarColumn(), TextColumn("{task.completed:.0f}/"
-                                                            "{task.total:.0f}s"),
-                                    TimeElapsedColumn(), console=term(stderr=True),
-                                    transient=True)
-                self.bar.start()
-                self.task = self.bar.add_task(what, total=timeout)
-            self.bar.update(self.task, completed=min(elapsed, timeout), description=what)
-            return
-        key = (role, ev.get("phase"))
-        last = self.printed.get(key)
-        if last is None:
-            self._line(f"{role}: waiting for {ev.get('url')}{rollback} (timeout {timeout:.0f}s)")
-            self.printed[key] = elapsed
-        elif elapsed - last >= self.PLAIN_EVERY:
-            self._line(f"{role}: still waiting after {elapsed:.0f}s ({ev.get('detail')})")
-            self.printed[key] = elapsed
-
-    def _line(self, text: str) -> None:
-        text = f"{self.host}: {text}" if self.host else text
-        if self.bar is not None:
-            self.bar.console.print(text, markup=False, highlight=False)
-        else:
-            print(text, file=sys.stderr, flush=True)
-
-    def _stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar, self.task = None, None
 
 
 # ---------------------------------------------------------------- shared plumbing
@@ -437,19 +216,6 @@ def paragraphs(text: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
-def retry_bisect_refusals(series: Series, resolver: Any, specs: list[str],
-                          results: list[Any], again: Callable[[int], Any]) -> list[Any]:
-    """apply/revert results that an abandoned bisect refused, retried once its restore is
-    finished (isolate.bisect.retry_pending); the others as they are."""
-    if not any(getattr(r, "bisect", None) for r in results):
-        return list(results)
-    # Imported here, not at the top: isolate.bisect brings the probes, drift and the
-    # tunnel, 1.2 - 1.6 s of import measured on the shared 2-core machine at load 9
-    # (2026-12-04; `python -c pass` took 0.09 s there), which every command would pay.
-    from patchset.isolate.search.bisect import retry_pending
-    return retry_pending(series, resolver, specs, results, again, say)
-
-
 def _quiet_stdout() -> None:
     """After EPIPE, point stdout at /dev/null so the interpreter's final flush is silent."""
     try:
@@ -492,11 +258,6 @@ def error_line(message: str) -> None:
     """The one-line error format: `patchset: error: ...`, control characters escaped."""
     print(f"patchset: error: {validate.printable(' '.join(message.splitlines()))}",
           file=sys.stderr)
-
-
-def printable_block(text: str) -> str:
-    """Multi-line text (a diff, a journal tail): each line escaped, the breaks kept."""
-    return "\n".join(validate.printable(line) for line in text.split("\n"))
 
 
 def _usage_error(exc: BaseException) -> str | None:

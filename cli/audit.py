@@ -7,10 +7,12 @@ from typing import List, Optional
 import typer
 
 from ..errors import UsageError
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, ForksOpt, InventoryOpt, JsonOpt, NoWaiversOpt,
-                  ProbeTimeoutOpt, SeriesOpt, TargetOpt, WaiversOpt, app, audit_access,
-                  emit_json, esc, host_error, load, load_waivers, term, output_file,
-                  resolver_for, say, write_output)
+from .app import (app, audit_access, load, load_waivers, output_file, resolver_for,
+                  write_output)
+from .options import (AcceptNewOpt, ApiKeyEnvOpt, AuditProbeOpt, ForksOpt, InventoryOpt,
+                      JsonOpt, NoWaiversOpt, ProbeTimeoutOpt, SeriesOpt, SizesOpt, TargetOpt,
+                      WaiversOpt)
+from .render import emit_json, esc, host_error, say, term
 
 
 def _audit(series, transports, symptom, inventory, specs, probes=None, inventory_file=None,
@@ -53,11 +55,8 @@ def audit(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the "
                                                 "report to FILE instead of stdout",
                                                 callback=output_file),
-          probe: Optional[str] = typer.Option(None, "--probe", help="also run context-"
-                                              "fidelity probes against each host's endpoint: "
-                                              "recall | needle | all | drift"),
-          probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle "
-                                                    "prompt sizes in tokens [8k,16k,32k]"),
+          probe: Optional[str] = AuditProbeOpt,
+          probe_sizes: Optional[str] = SizesOpt("--probe-sizes"),
           api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
           measured: Optional[List[Path]] = typer.Option(None, "--measured", help="a "
                                                         "`patchset bisect HOST --probe "

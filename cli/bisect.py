@@ -9,20 +9,19 @@ from typing import Optional
 import typer
 
 from ..errors import Exit
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, BudgetOpt, ConfidenceOpt, DeployView,
-                  HealthTimeoutOpt, InventoryOpt, JsonOpt, OutputTokensOpt, ProbeTimeoutOpt,
-                  SeriesOpt, SigmasOpt, TargetOpt, ToleranceOpt, app, emit_json, esc, load,
-                  output_file, resolver_for, say, term)
+from .app import app, load, output_file, resolver_for
+from .options import (AcceptNewOpt, ApiKeyEnvOpt, BudgetOpt, ConfidenceOpt, HealthTimeoutOpt,
+                      InventoryOpt, JsonOpt, OutputTokensOpt, ProbeTimeoutOpt, RepeatsOpt,
+                      SeriesOpt, SigmasOpt, SizesOpt, TargetOpt, ToleranceOpt, UrlOpt)
+from .render import DeployView, emit_json, esc, say, term
 
 
 @app.command()
 def bisect(host: str = typer.Argument(..., help="inventory host whose units serve the tree"),
            probe: str = typer.Option("recall", "--probe", help="recall | needle | all | "
                                      "drift (measured: group testing, fewer restarts)"),
-           sizes: Optional[str] = typer.Option(None, "--sizes", help="needle sizes, or "
-                                               "the drift conversations' [8k,16k,32k]"),
-           repeats: int = typer.Option(3, "--repeats", min=3, max=50, help="drift: replays "
-                                       "of the starting state (their spread is the noise)"),
+           sizes: Optional[str] = SizesOpt("--sizes"),
+           repeats: int = RepeatsOpt("the starting state"),
            output_tokens: int = OutputTokensOpt,
            sigmas: float = SigmasOpt,
            tolerance: float = ToleranceOpt,
@@ -30,8 +29,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
            budget: int = BudgetOpt,
            symptom: str = typer.Option("context-loss", "--symptom", help="which ranking "
                                        "orders the suspects"),
-           url: Optional[str] = typer.Option(None, "--url", help="probe this endpoint "
-                                             "[default: the host's router, else decode port]"),
+           url: Optional[str] = UrlOpt,
            api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
            restore: bool = typer.Option(False, "--restore", help="only finish the restore of "
                                         "an unfinished bisect on HOST (even one started "

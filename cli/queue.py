@@ -13,11 +13,12 @@ from ..errors import Exit
 if TYPE_CHECKING:
     from patchset.agent.lib.records import UnitStatus
     from ..api import HostStatus
-from .app import (AcceptNewOpt, DeployView, ExcludeOpt, ForksOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt,
-                  LockWaitOpt, OnlyOpt, PathOpt, RichProgress, SeriesOpt, TargetOpt, TierOpt, app,
-                  emit_json, esc, finish, host_error, load, printable_block, result_line,
-                  resolver_for, retry_bisect_refusals, say, selection, ship_base, summary,
-                  term)
+from .app import app, finish, load, resolver_for, result_line, selection, ship_base, summary
+from .options import (AcceptNewOpt, ExcludeOpt, ForksOpt, HealthTimeoutOpt, InventoryOpt,
+                      JsonOpt, LockWaitOpt, OfflineOpt, OnlyOpt, PathOpt, SeriesOpt, TargetOpt,
+                      TierOpt)
+from .render import (DeployView, RichProgress, emit_json, esc, host_error, printable_block,
+                     say, term)
 
 
 
@@ -101,7 +102,7 @@ def _render_show(view, guards) -> None:
 @app.command()
 def check(as_json: bool = JsonOpt, exhaustive: bool = typer.Option(
               False, "--exhaustive", help="try every dependency-closed subset"),
-          offline: bool = typer.Option(False, "--offline", help="never touch the network"),
+          offline: bool = OfflineOpt(),
           series: Optional[Path] = SeriesOpt) -> None:
     """Validate the manifest and apply every selection on the pinned base (zero fuzz)."""
     from .. import api
@@ -228,7 +229,7 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
         transports = [resolver.transport(h) for h in hosts]
         results = api.apply(s, selected, transports, dry_run=dry_run, lock_wait=lock_wait,
                             base_provider=ship_base(s), forks=forks)
-        results = retry_bisect_refusals(s, resolver, hosts, results, lambda i: api.apply(
+        results = _after_bisect(s, resolver, hosts, results, lambda i: api.apply(
             s, selected, [transports[i]], lock_wait=lock_wait, base_provider=ship_base(s))[0])
         if restart and not dry_run:
             restarts = _restart_after_apply(s, resolver, hosts, transports, results,
@@ -236,6 +237,17 @@ def apply(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
             _finish_with_restarts(results, restarts, as_json)
             return
     finish(results, as_json, "apply")
+
+
+def _after_bisect(series, resolver, specs: list, results: list, again) -> list:
+    """apply/revert results an abandoned bisect refused, retried once its restore is
+    finished (the library's workflow: isolate/search/bisect.py retry_pending); the others
+    as they are. The library is imported only for a refused result: it brings the probes,
+    drift and the tunnel, an import every apply and revert would pay."""
+    if not any(getattr(r, "bisect", None) for r in results):
+        return list(results)
+    from patchset.isolate.search.bisect import retry_pending
+    return retry_pending(series, resolver, specs, results, again, say)
 
 
 @app.command()
@@ -257,7 +269,7 @@ def revert(names: List[str] = typer.Argument(..., help="patch(es) to take out"),
         def run_revert(_: int = 0):
             return api.revert(s, names, transport, with_dependents=with_dependents,
                               lock_wait=lock_wait)
-        [result] = retry_bisect_refusals(s, resolver, [spec], [run_revert()], run_revert)
+        [result] = _after_bisect(s, resolver, [spec], [run_revert()], run_revert)
     finish([result], as_json, "revert")
 
 
@@ -392,7 +404,7 @@ def _restart_after_apply(series, resolver, specs, transports, results, timeout, 
 
 
 @app.command()
-def provision(offline: bool = typer.Option(False, "--offline"),
+def provision(offline: bool = OfflineOpt(),
               series: Optional[Path] = SeriesOpt, as_json: bool = JsonOpt) -> None:
     """Fetch the pinned upstream into the local cache (git, else the verified PyPI wheel)."""
     from patchset.pin.upstream import provision as do_provision

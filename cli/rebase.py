@@ -7,7 +7,9 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from .app import JsonOpt, RichProgress, SeriesOpt, app, emit_json, load, say, term
+from .app import app, load
+from .options import JsonOpt, OfflineOpt, SeriesOpt
+from .render import RichProgress, emit_json, say, term
 
 
 @app.command("rebase")
@@ -18,9 +20,8 @@ def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the rele
                                                    "do to the series; writes nothing"),
                dry_run: bool = typer.Option(False, "--dry-run", help="report only; write "
                                             "nothing"),
-               offline: bool = typer.Option(False, "--offline", help="never touch the "
-                                            "network (the release must have been fetched "
-                                            "once; skips the git probe)"),
+               offline: bool = OfflineOpt("the release must have been fetched once; "
+                                          "skips the git probe"),
                as_json: bool = JsonOpt, series: Optional[Path] = SeriesOpt) -> None:
     """Move the series to another upstream release: per patch clean, 3way (re-diffed),
     upstream (dropped, recorded) or conflict (hunks shown, nothing written); or, with

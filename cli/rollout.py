@@ -11,10 +11,11 @@ from typing import List, Optional
 import typer
 
 from ..errors import UsageError
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, ConfidenceOpt, DeployView, ExcludeOpt,
-                  HealthTimeoutOpt, InventoryOpt, JsonOpt, OnlyOpt, OutputTokensOpt, PathOpt,
-                  ProbeTimeoutOpt, SeriesOpt, SigmasOpt, TierOpt, ToleranceOpt, app,
-                  emit_json, load, resolver_for, say, selection, term, within)
+from .app import app, load, resolver_for, selection
+from .options import (AcceptNewOpt, ApiKeyEnvOpt, ConfidenceOpt, ExcludeOpt, HealthTimeoutOpt,
+                      InventoryOpt, JsonOpt, OnlyOpt, OutputTokensOpt, PathOpt, ProbeTimeoutOpt,
+                      RepeatsOpt, SeriesOpt, SigmasOpt, TierOpt, ToleranceOpt, within)
+from .render import DeployView, emit_json, say, term
 
 
 # What --resume may be given: the rest is the logged plan's (a resumed rollout changes
@@ -54,9 +55,7 @@ def rollout(ctx: typer.Context, hosts: Optional[List[str]] = typer.Argument(None
                                          "requests of the throughput gate's short load"),
             output_tokens: int = OutputTokensOpt, sigmas: float = SigmasOpt,
             tolerance: float = ToleranceOpt, confidence: float = ConfidenceOpt,
-            repeats: int = typer.Option(3, "--repeats", min=2, max=50, help="drift: "
-                                        "replays of the baseline's tokens (their spread "
-                                        "is the noise)"),
+            repeats: int = RepeatsOpt("the baseline's tokens"),
             resume: bool = typer.Option(False, "--resume", help="continue the last "
                                         "unfinished rollout (or --log's) after its last "
                                         "finished step"),

@@ -5,9 +5,11 @@ from typing import List, Optional
 
 import typer
 
-from .app import (AcceptNewOpt, ApiKeyEnvOpt, InventoryOpt, NoWaiversOpt, ProbeTimeoutOpt,
-                  RequestSecondsOpt, SeriesOpt, TargetOpt, WaiversOpt, app, audit_access, load,
-                  load_waivers, resolver_for, say)
+from .app import app, audit_access, load, load_waivers, resolver_for
+from .options import (AcceptNewOpt, ApiKeyEnvOpt, AuditProbeOpt, InventoryOpt, NoWaiversOpt,
+                      ProbeTimeoutOpt, RequestSecondsOpt, SeriesOpt, SizesOpt, TargetOpt,
+                      WaiversOpt)
+from .render import say
 
 
 @app.command()
@@ -26,10 +28,8 @@ def serve(hosts: List[str] = typer.Argument(..., help="inventory name, user@host
                                                     "a client's connection may take, "
                                                     "request and answer together; an "
                                                     "idle or slow one is closed then"),
-          probe: Optional[str] = typer.Option(None, "--probe", help="also run probes in "
-                                              "every audit: recall | needle | all | drift"),
-          probe_sizes: Optional[str] = typer.Option(None, "--probe-sizes", help="needle or "
-                                                    "drift prompt sizes in tokens"),
+          probe: Optional[str] = AuditProbeOpt,
+          probe_sizes: Optional[str] = SizesOpt("--probe-sizes"),
           api_key_env: Optional[str] = ApiKeyEnvOpt, probe_timeout: float = ProbeTimeoutOpt,
           waivers: Optional[Path] = WaiversOpt, no_waivers: bool = NoWaiversOpt,
           target: Optional[Path] = TargetOpt, inventory: Optional[Path] = InventoryOpt,

@@ -81,6 +81,10 @@ DEFAULT_CONFIDENCE = 0.99
 DEFAULT_TOLERANCE = 0.002
 POWER = 0.8
 MIN_SEQUENCES = 7            # 2^-7 < 1 - 0.99: the fewest an exact test can call above
+# Replays of one state: the noise is replay 1 against replay 0 (drift.sequence_noise), so
+# two are the fewest that measure it; more than MAX_REPLAYS is a typo (each replays every
+# sequence once more). The bounds of every command's --repeats and of a rollout's log.
+MIN_REPLAYS, MAX_REPLAYS = 2, 50
 MIN_BOUNDED = 16             # the fewest a bound is trusted on (coverage, heavy tails)
 EXACT_MAX = 60               # enumerate the signed-rank distribution up to this many
 RESAMPLES = 2000
@@ -166,7 +170,7 @@ def decide(pairs: Iterable[Paired], tolerance: float = DEFAULT_TOLERANCE,
         return Decision("inconclusive", None, None, None, None, detectable=None, noise=None,
                         needs="a run that compares tokens (every logprob was missing, NaN "
                         "or infinite)", why="no tokens were compared", **base)
-    if replays < 2:
+    if replays < MIN_REPLAYS:
         return Decision("inconclusive", None, None, None, None, detectable=None, noise=None,
                         needs="the noise: at least 2 replays of the state (--repeats 2+)",
                         why="the noise was not measured", **base)

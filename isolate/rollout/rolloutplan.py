@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from patchset.errors import UsageError
+from patchset.isolate.measure.driftdecide import MAX_REPLAYS, MIN_REPLAYS
 
 from patchset.isolate.search import hoststate
 from patchset.isolate.search.hoststate import HostState
@@ -207,7 +208,7 @@ BOUNDS: dict[str, tuple[type, float, float, str]] = {
     "parallel": (int, 1, 64, "--load"),
     "health_timeout": (float, 0, 7 * 24 * 3600, "--health-timeout"),
     "drift.output_tokens": (int, 1, 32768, "--output-tokens"),
-    "drift.repeats": (int, 2, 50, "--repeats"),
+    "drift.repeats": (int, MIN_REPLAYS, MAX_REPLAYS, "--repeats"),
     "drift.timeout": (float, 0.001, 24 * 3600, "--probe-timeout"),
     "drift.k": (float, 0.5, 10.0, "--sigmas"),
     "drift.tolerance": (float, 1e-12, 10.0, "--tolerance"),

@@ -133,6 +133,6 @@ def test_markdown_code_spans_and_blocks_outrun_any_backticks() -> None:
 
 
 def test_the_cli_esc_is_the_terminal_helper() -> None:
-    from patchset.cli.app import esc
+    from patchset.cli.render import esc
     assert esc(HOSTILE) == escaping.for_terminal(HOSTILE)
     assert "\x1b" not in esc("\x1b[2J") and esc("[red]x") == "\\[red]x"

@@ -119,6 +119,32 @@ def test_every_float_option_is_checked_for_a_finite_range() -> None:
     assert [(c, n) for c, n, callback in floats if callback is None] == []
 
 
+def test_an_option_several_commands_take_has_one_default_and_bound() -> None:
+    """An option declared once (cli/options.py) has the same default and bounds in every
+    command that takes it: --repeats is the drift decision's (two replays measure the
+    noise) in probe, bisect and rollout alike, and rollout's options are exactly the
+    ranges its log's validator holds (rolloutplan.BOUNDS)."""
+    import typer.main
+
+    from patchset.cli.app import app
+    from patchset.isolate.measure.driftdecide import MAX_REPLAYS, MIN_REPLAYS
+    from patchset.isolate.rollout.rolloutplan import BOUNDS
+    commands = typer.main.get_command(app).commands
+
+    for command in ("probe", "bisect", "rollout"):
+        repeats = next(p for p in commands[command].params if "--repeats" in p.opts)
+        assert (repeats.default, repeats.type.min, repeats.type.max) == (
+            3, MIN_REPLAYS, MAX_REPLAYS), command
+    rollout = commands["rollout"]
+    for key, (kind, lo, hi, flag) in BOUNDS.items():
+        for value in (lo, hi):
+            rollout.make_context("rollout", [flag, str(value)])           # taken
+        step = 1 if kind is int else None
+        for value in (lo - (step or abs(lo) / 2 or 0.5), hi + (step or abs(hi) / 2 or 0.5)):
+            with pytest.raises(Exception, match=r"is not|not in the range"):   # refused
+                rollout.make_context("rollout", [flag, str(value)])
+
+
 def test_an_internal_error_is_one_redacted_line_and_a_private_log(tmp_path: Path,
                                                                    monkeypatch, capsys) -> None:
     """A bug prints one line (exit 70) and logs the trace 0600; a token in the exception's

@@ -13,8 +13,9 @@ point (patchset.agent.main), which runs it in process for a local tree.
 
 The audit reads what the queue and deploy wrote and never sends a probe (the CLI passes
 isolate's probes in as `patchset.auditor.api.HostProbes`); deploy never runs the audit.
-The CLI's command modules share plumbing only through cli/app.py. bench/ imports no test
-module: it shares with the tests only the test-host harness packages (tests/hosts/: the
+The CLI's command modules share plumbing only through the cli's plumbing modules
+(CLI_NOT_COMMANDS: cli/app.py, options.py, render.py), never one another. bench/ imports
+no test module: it shares with the tests only the test-host harness packages (tests/hosts/: the
 nspawn hosts and the audit host's setup, tests/standin/: the stand-in server), which import
 no test module either."""
 
@@ -73,9 +74,16 @@ ROOMS: dict[str, tuple[str, ...]] = {
 ALLOWED: dict[tuple[str, str], str] = {}
 # The test-host harness bench may use: nspawn hosts, the stand-in server (stdlib only).
 HARNESS = ("tests.hosts", "tests.standin")
-# cli modules that are not commands: the package registers the commands (it imports each
-# one so typer knows it), __main__ runs it, app is the shared plumbing.
-CLI_NOT_COMMANDS = {f"{CLI}", f"{CLI}.__main__", f"{CLI}.app"}
+# cli modules that are not commands, each with why: the command modules may import these
+# (and nothing of one another).
+CLI_NOT_COMMANDS = {
+    CLI: "the package registers the commands (it imports each one so typer knows it)",
+    f"{CLI}.__main__": "runs the package (`python -m patchset.cli`)",
+    f"{CLI}.app": "the app, the plumbing commands share (series, hosts, results) and the "
+                  "one error handler",
+    f"{CLI}.options": "the options more than one command takes, each declared once",
+    f"{CLI}.render": "what commands print with: the terminal, messages, JSON, progress views",
+}
 # The folders a product module lives in: patchset/ and the layers linked into it.
 FOLDERS = {"patchset": "patchset", **{f"patchset.{layer}": layer for layer in patchset.LAYERS}}
 
@@ -214,9 +222,10 @@ def violations() -> list[str]:
                 continue
             if within(name, CLI):
                 if (name not in CLI_NOT_COMMANDS and within(imported, CLI)
-                        and imported not in (CLI, f"{CLI}.app")):
+                        and imported not in CLI_NOT_COMMANDS):
                     found.append(f"{name} imports the command module {imported} (share "
-                                 "helpers through cli/app.py or a library)")
+                                 "helpers through the cli's plumbing, CLI_NOT_COMMANDS, "
+                                 "or a library)")
                 continue
             if not allowed(name, imported):
                 found.append(f"{name} imports {imported}: room {room(name)} must not "
@@ -231,6 +240,30 @@ def test_the_scan_sees_every_room() -> None:
     assert imports("patchset.cli.queue", MODULES["patchset.cli.queue"]) >= {
         "patchset.cli.app", "patchset.api"}                   # relative, lazy ones too
     assert "patchset.isolate.measure.probe" in imports("patchset.cli.audit", MODULES["patchset.cli.audit"])
+
+
+# Command modules not named for one command: a group, named for what its commands share.
+CLI_GROUPS = {"queue": "the patch queue: list, show, check, plan, apply, revert, status, "
+                       "provision, version",
+              "series": "a series moved in and out, or started: export, import, init"}
+
+
+def test_each_command_module_is_named_for_its_commands() -> None:
+    """Every command is registered by a command module (never a plumbing one), and a
+    module is named for its command (cli/deploy.py holds `deploy`) or is a CLI_GROUPS
+    group; a command's name is no other module's name."""
+    import patchset.cli  # noqa: F401 - registers every command
+    from patchset.cli.app import app
+    by_module: dict[str, list[str]] = {}
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__
+        by_module.setdefault(info.callback.__module__, []).append(name)
+    commands = {c for names in by_module.values() for c in names}
+    assert set(by_module) == {m for m in MODULES if within(m, CLI)} - set(CLI_NOT_COMMANDS)
+    for module, names in by_module.items():
+        short = module.rsplit(".", 1)[1]
+        assert short in names or short in CLI_GROUPS, (module, names)
+        assert not (short in CLI_GROUPS and short in commands), module
 
 
 def test_dependencies_point_one_way() -> None:

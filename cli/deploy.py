@@ -1,16 +1,16 @@
-"""The serving command: deploy (systemd units)."""
+"""`patchset deploy`: render a host's systemd units (gates from its tree), install,
+restart, wait (the library: deploy/deploy.py)."""
 
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from .app import (AcceptNewOpt, DeployView, HealthTimeoutOpt, InventoryOpt, JsonOpt,
-                  LockWaitOpt, SeriesOpt, TargetOpt, app, emit_json, load, resolver_for, say,
-                  term)
+from .app import app, load, resolver_for
+from .options import (AcceptNewOpt, HealthTimeoutOpt, InventoryOpt, JsonOpt, LockWaitOpt,
+                      SeriesOpt, TargetOpt)
+from .render import DeployView, emit_json, say, term
 
-
-# ---------------------------------------------------------------- deploy (systemd units)
 
 @app.command("deploy")
 def deploy_cmd(host: str = typer.Argument(..., help="inventory name (its roles say what to "

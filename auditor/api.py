@@ -63,7 +63,7 @@ def gather_request(series: Series, pol: policy_mod.Policy) -> wire.AuditRequest:
     """What the gatherer needs: the layout of the tree and which tensors to read."""
     pin = series.upstream
     return wire.AuditRequest(git_prefix=pin.git_prefix, package=pin.name,
-                             tensors=[dict(p) for p in pol.patterns])
+                             tensors=list(pol.patterns))
 
 
 @dataclasses.dataclass(frozen=True)

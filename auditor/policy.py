@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchset.agent.lib.records import TensorPattern
 from patchset.series.model import PATHS, Requirement
 
 from .model import SEVERITIES, STATES
@@ -80,7 +81,7 @@ class Policy:
     hazards: tuple[Hazard, ...]
     assumptions: tuple[Assumption, ...]
     expectations: tuple[Expectation, ...]
-    patterns: tuple[dict, ...]
+    patterns: tuple[TensorPattern, ...]
     symptoms: dict[str, Symptom]
     severity_weight: dict[str, float]
     implicated: float
@@ -151,7 +152,7 @@ def load(directory: str | None = None) -> Policy:
             probe=dict(s.get("probe") or {}),
             measured_by=tuple(str(p) for p in s.get("measured_by") or ()))
     return Policy(hazards=tuple(hazards), assumptions=assumptions, expectations=expectations,
-                  patterns=tuple(tz.get("patterns") or ()), symptoms=symptoms,
+                  patterns=_patterns(t_path, tz.get("patterns") or ()), symptoms=symptoms,
                   severity_weight=dict(weights.get("severity") or {}),
                   implicated=float(weights.get("implicated", 1.0)),
                   observed=float(weights.get("observed", 1.0)),
@@ -163,6 +164,21 @@ def load(directory: str | None = None) -> Policy:
                   sources={"hazards": str(hz_path), "tensors": str(t_path),
                            "symptoms": str(s_path),
                            "resolved_args": str(_resolved_args_path(base))})
+
+
+def _patterns(path: Path, items: Any) -> tuple[TensorPattern, ...]:
+    """tensors.yaml's `patterns`: each a glob of tensor names and how many to read."""
+    if not isinstance(items, list):
+        raise AuditDataError(f"{path}: patterns: expected a list")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"pattern", "max"} or \
+                not isinstance(item.get("pattern"), str) or \
+                type(item.get("max", 1000)) is not int or item.get("max", 1000) < 1:
+            raise AuditDataError(f"{path}: patterns[{i}]: expected {{pattern: GLOB, max: N}} "
+                                 "(N a whole number of at least 1)")
+        out.append(TensorPattern(pattern=item["pattern"], max=item.get("max", 1000)))
+    return tuple(out)
 
 
 def _resolved_args_path(base: Path) -> Path:

@@ -31,6 +31,7 @@ from .lib.facts import gpu, http, journal, procs, systemd, trace, tree
 from .lib.tracer import DIR_VAR as TRACE_DIR_VAR
 from .lib.facts.base import Command
 from .lib.protocol import Events
+from .lib.records import TensorPattern
 from .lib.redact import Redactor
 from .runner import (HTTP_TIMEOUT, RUN_TIMEOUT, Runner, argv_of, environ_of, process_import,
                      readlink)
@@ -210,7 +211,7 @@ class Gatherer:
             rec["headers"][shard] = self.header(os.path.join(path, shard), patterns, names)
         return rec
 
-    def header(self, file: str, patterns: list[dict], names: set[str] | None) -> dict:
+    def header(self, file: str, patterns: list[TensorPattern], names: set[str] | None) -> dict:
         cmd = ck.SafetensorsHeader().command(path=file)
         if names is not None:
             return self.r.header(cmd, names)
@@ -222,19 +223,19 @@ class Gatherer:
 class _AnyMatch(set):
     """`name in wanted` for a single-file checkpoint: true when a pattern matches."""
 
-    def __init__(self, patterns: list[dict]) -> None:
+    def __init__(self, patterns: list[TensorPattern]) -> None:
         super().__init__()
-        self.patterns = [p["pattern"] for p in patterns]
+        self.patterns = [p.pattern for p in patterns]
 
     def __contains__(self, name: object) -> bool:
         return any(fnmatch.fnmatchcase(str(name), p) for p in self.patterns)
 
 
-def _match(weight_map: dict[str, str], patterns: list[dict]) -> dict[str, str]:
+def _match(weight_map: dict[str, str], patterns: list[TensorPattern]) -> dict[str, str]:
     out: dict[str, str] = {}
     for spec in patterns:
-        hits = sorted(n for n in weight_map if fnmatch.fnmatchcase(n, spec["pattern"]))
-        for name in hits[: int(spec.get("max", 1000))]:
+        hits = sorted(n for n in weight_map if fnmatch.fnmatchcase(n, spec.pattern))
+        for name in hits[: spec.max]:
             out[name] = weight_map[name]
     return out
 

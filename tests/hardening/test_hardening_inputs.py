@@ -194,6 +194,24 @@ def test_policy_data_is_checked_against_the_fact_table(tmp_path: Path) -> None:
     assert policy.AuditDataError.exit_code == 2
 
 
+@pytest.mark.parametrize("entry", ['{pattern: 3}', '{pattern: "*x", max: "9"}',
+                                   '{pattern: "*x", max: 0}', '{pattern: "*x", mx: 9}', '"*x"'])
+def test_a_tensor_pattern_that_is_not_a_glob_and_a_count_is_named(tmp_path: Path,
+                                                                  entry: str) -> None:
+    """tensors.yaml's patterns become the audit request's typed TensorPatterns on the
+    controller: a bad entry is one line naming the file and the entry, never a host error."""
+    from patchset.auditor import policy
+    data = Path(policy.__file__).parent / "data"
+    for name in ("hazards.yaml", "tensors.yaml", "symptoms.yaml"):
+        (tmp_path / name).write_bytes((data / name).read_bytes())
+    text = (tmp_path / "tensors.yaml").read_text()
+    assert '  - {pattern: "*hc_attn_fn", max: 128}\n' in text
+    (tmp_path / "tensors.yaml").write_text(text.replace(
+        '  - {pattern: "*hc_attn_fn", max: 128}\n', f"  - {entry}\n", 1))
+    with pytest.raises(policy.AuditDataError, match=r"tensors\.yaml: patterns\[0\]: expected"):
+        policy.load(str(tmp_path))
+
+
 def test_snapshot_sees_a_change(tmp_path: Path) -> None:
     """The nothing-changed assertions above are only as good as the snapshot."""
     (tmp_path / "f").write_text("a")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from patchset.agent.lib.records import TensorPattern
 from patchset.auditor import api, hostfacts, report
 from patchset.agent import gather
 from patchset.agent.lib import wire
@@ -89,7 +90,7 @@ def server(pinned_base, model: Path, tmp_path_factory) -> Iterator[dict]:
 @pytest.fixture(scope="module")
 def gathered(server) -> dict:
     return wire.encode_result(gather.serve(wire.AuditRequest(
-        tree=str(server["tree"]), package="sglang", tensors=[{"pattern": "*hc_attn_fn"}])))
+        tree=str(server["tree"]), package="sglang", tensors=[TensorPattern(pattern="*hc_attn_fn")])))
 
 
 def test_gather_finds_the_server_its_children_and_its_facts(server, gathered, model) -> None:

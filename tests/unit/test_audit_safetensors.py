@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from patchset.agent.lib.records import TensorPattern
 from patchset.agent.lib.facts.checkpoint import SafetensorsHeader
 from patchset.agent.gather import Gatherer
 from patchset.agent.lib import wire
@@ -101,7 +102,7 @@ def test_checkpoint_through_the_index_reads_only_shards_with_wanted_tensors(tmp_
                                                              "data_offsets": [0, 2]}}, 50 * 2**30)
     (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
         "layers.0.hc_attn_fn": "a.safetensors", "lm_head.weight": "b.safetensors"}}))
-    g = Gatherer(wire.AuditRequest(tensors=[{"pattern": "*hc_attn_fn"}]))
+    g = Gatherer(wire.AuditRequest(tensors=[TensorPattern(pattern="*hc_attn_fn")]))
     rec = g.checkpoint(str(model), None)
     assert sorted(rec["headers"]) == ["a.safetensors"]        # b holds nothing wanted
     assert rec["headers"]["a.safetensors"]["bytes_read"] == 8 + n1
@@ -118,7 +119,7 @@ def test_single_file_checkpoint_and_hub_cache(tmp_path: Path) -> None:
     (hub / "models--org--tiny" / "refs" / "main").write_text("abc123\n")
     (snap / "config.json").write_text("{}")
     write_shard(snap / "model.safetensors", HC, 2**30)
-    rec = Gatherer(wire.AuditRequest(tensors=[{"pattern": "*hc_attn_fn"}])).checkpoint("org/tiny", str(hub))
+    rec = Gatherer(wire.AuditRequest(tensors=[TensorPattern(pattern="*hc_attn_fn")])).checkpoint("org/tiny", str(hub))
     assert rec["resolved"] == str(snap)
     header = SafetensorsHeader().collect(rec["headers"]["model.safetensors"])
     assert list(header.value["tensors"]) == ["layers.0.hc_attn_fn"]

@@ -183,6 +183,17 @@ class TreeState:
         return [a.name for a in self.applied]
 
 
+# ---------------------------------------------------------------- the audit's reads
+
+@dataclass
+class TensorPattern(Message):
+    """Checkpoint tensors the audit reads the headers of (auditor/data/tensors.yaml): the
+    names matching `pattern` (fnmatch), at most `max` of them per pattern."""
+
+    pattern: str
+    max: int = 1000
+
+
 # ---------------------------------------------------------------- progress
 
 @dataclass

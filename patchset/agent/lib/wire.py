@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Un
 
 from .message import Failure, Message, Result, WireError
 from .protocol import PROTOCOL
-from .records import BaseSource, PatchSpec, Recovered, StatusRecord
+from .records import BaseSource, PatchSpec, Recovered, StatusRecord, TensorPattern
 
 
 
@@ -106,7 +106,7 @@ class DeployRequest(Request):
 class AuditRequest(Request):
     op: ClassVar[str] = "audit"
     format: int = 1
-    tensors: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    tensors: List[TensorPattern] = dataclasses.field(default_factory=list)
     run_timeout: Optional[float] = None           # None: the runner's default
     http_timeout: Optional[float] = None
     unit_pattern: Optional[str] = None

@@ -13,7 +13,7 @@ import sys
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
 
 import typer
 import typer.main
@@ -205,7 +205,9 @@ def command_tree() -> typer.core.TyperGroup:
     made paragraphs first."""
     for info in app.registered_commands:
         info.help = paragraphs(info.help or info.callback.__doc__ or "")
-    return typer.main.get_command(app)
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)     # app has commands: a group
+    return group
 
 
 def paragraphs(text: str) -> str:
@@ -260,11 +262,18 @@ def error_line(message: str) -> None:
           file=sys.stderr)
 
 
+@runtime_checkable
+class _ClickException(Protocol):
+    """What a ClickException of either click has (the classes are found by name below)."""
+
+    def format_message(self) -> str: ...
+
+
 def _usage_error(exc: BaseException) -> str | None:
     """The one line of a click usage error, whichever click typer ships: older typer
     releases depend on click, 0.2x vendors it as `typer._click` (same class names)."""
     by_name = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
-    if not isinstance(exc, by_name["ClickException"]):
+    if not isinstance(exc, by_name["ClickException"]) or not isinstance(exc, _ClickException):
         return None
     if exc.__class__.__name__ == "NoArgsIsHelpError" or (
             isinstance(exc, by_name["UsageError"]) and not str(exc.format_message())):

@@ -60,7 +60,7 @@ def bisect(host: str = typer.Argument(..., help="inventory host whose units serv
         if probe == "drift":
             from patchset.isolate.measure.drift import DriftSpec
             from patchset.isolate.measure.probe import client_for
-            plan = bisector.DriftProbe(
+            plan: bisector.DriftProbe | bisector.BisectProbe = bisector.DriftProbe(
                 client_for(host, url_checked, None, api_key_env, resolver=resolver),
                 DriftSpec(sizes=sizes_checked, output_tokens=output_tokens, repeats=repeats,
                           timeout=probe_timeout, k=sigmas, tolerance=tolerance,

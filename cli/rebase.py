@@ -45,6 +45,7 @@ def rebase_cmd(onto: Optional[str] = typer.Option(None, "--onto", help="the rele
             raise typer.Exit(report.exit_code)
         return
     from patchset.authoring.rebase import rebase
+    assert onto is not None                 # one of the two, and not --check
     result = rebase(load(series), onto, dry_run=dry_run, progress=RichProgress(),
                     offline=offline)
     if as_json:
@@ -109,7 +110,7 @@ def _render_guards(console, result) -> None:
 
 
 def _summary(result) -> str:
-    counts = {}
+    counts: dict[str, int] = {}
     for p in result.patches:
         counts[p.outcome] = counts.get(p.outcome, 0) + 1
     tally = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())

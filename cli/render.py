@@ -7,10 +7,13 @@ waits: deploy, apply --restart, bisect, rollout).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import validate
 from ..agent.lib.records import Event
+
+if TYPE_CHECKING:                      # imported where the first bar is drawn
+    from rich.progress import Progress, TaskID
 
 
 def printable_block(text: str) -> str:
@@ -95,8 +98,8 @@ class DeployView:
     def __init__(self, host: str | None = None) -> None:
         self.tty = sys.stderr.isatty()
         self.host = host               # prefixes every line (several hosts in a row)
-        self.bar = None
-        self.task = None
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
         self.printed: dict[tuple, float] = {}
 
     def __enter__(self) -> "DeployView":
@@ -135,6 +138,7 @@ class DeployView:
                                     transient=True)
                 self.bar.start()
                 self.task = self.bar.add_task(what, total=timeout)
+            assert self.task is not None        # added with the bar
             self.bar.update(self.task, completed=min(elapsed, timeout), description=what)
             return
         key = (role, ev.phase)

@@ -96,8 +96,7 @@ def rollout(ctx: typer.Context, hosts: Optional[List[str]] = typer.Argument(None
                 steps = ro.make_plan(names, canary, batch,
                                      lambda n: [r for r in ("prefill", "decode")
                                                 if r in hosts_of[n].roles])
-                fleet = ro.Fleet({}, None, on_unknown) if dry_run else \
-                    fleet_for(names, settings)
+                fleet = None if dry_run else fleet_for(names, settings)
                 run = ro.start(fleet, change, steps, ro.state_dir(), dry_run, say, settings)
     if as_json:
         emit_json(run.to_json())
@@ -114,8 +113,8 @@ def _refuse_misplaced(ctx: typer.Context, resume: bool, dry_run: bool) -> None:
         raise UsageError("--resume goes on changing hosts; --dry-run is for a new "
                          "rollout's plan (the log shows a started one's)")
     # by the source's name: typer's click is its own, not the `click` package
-    given = [p for p in ctx.command.params if getattr(ctx.get_parameter_source(p.name),
-                                                      "name", None) in GIVEN]
+    given = [p for p in ctx.command.params if p.name is not None and
+             (source := ctx.get_parameter_source(p.name)) is not None and source.name in GIVEN]
     if resume:
         extra = [p for p in given if p.name not in WITH_RESUME]
         if extra:

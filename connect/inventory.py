@@ -225,9 +225,8 @@ def _roles(doc: Located, where: tuple, value: Any) -> dict[str, Any]:
         if settings is not None and not isinstance(settings, dict):
             raise doc.error(where + (role,), "must be a mapping of unit settings")
         for key, item in (settings or {}).items():
-            if isinstance(item, str) and validate.control_char(item):
-                raise doc.error(where + (role, key), "must not contain "
-                                f"{validate.describe(validate.control_char(item))}")
+            if isinstance(item, str) and (char := validate.control_char(item)):
+                raise doc.error(where + (role, key), f"must not contain {validate.describe(char)}")
         _unit_settings(doc, where + (role,), role, settings or {})
     return {r: dict(s or {}) for r, s in roles.items()}
 

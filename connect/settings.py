@@ -321,8 +321,7 @@ def check_settings(role: str | None, settings: Any) -> dict[str, Any]:
     out = {}
     for key, value in settings.items():
         spec = SCHEMA.get(key)
-        allowed = spec is not None and (role in spec.roles if role else spec.shared)
-        if not allowed:
+        if spec is None or not (role in spec.roles if role else spec.shared):
             names = [k for k, s in SCHEMA.items() if (role in s.roles if role else s.shared)]
             raise SettingError((key,), f"unknown key (allowed: {', '.join(names)})")
         try:

@@ -72,7 +72,7 @@ class RoleUnit:
     gate_sources: dict[str, list[str]]
     overridden_gates: dict[str, tuple[str, str]]   # name -> (gate value, inventory value)
     health_url: str
-    health_timeout: int
+    health_timeout: float           # seconds: the settings' int, or deploy --health-timeout
     settings: RoleSettings
     tree: str | None                # None for the router (it does not import the tree)
     patches: str                    # PATCHSET_PATCHES: the applied patches this role runs

@@ -65,6 +65,7 @@ def check(ctx: AuditContext) -> list[Finding]:
             if want is not None:
                 expected = want.get(gate)
                 if expected != live:
+                    assert unit is not None         # want was declared by it
                     out.append(finding(host.host, subject, shown(expected), shown(live),
                                     "fail", f"{unit.name} declares {gate}={shown(expected)} "
                                     f"but the running server has {shown(live)}: restart the "

@@ -14,7 +14,7 @@ logged at startup (its unit's journal, redacted on the host) before it is called
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ..facttable import argv_flag, resolve
 from ..model import Evidence, Finding, HostReport, Server
@@ -93,7 +93,7 @@ def _flag(ctx: AuditContext, host: HostReport, server: Server, flag: Flag) -> Fi
     evidence.insert(0, Evidence.of("requested", server.main.cmdline, how))
 
     def report(outcome: str, expected: Any, found: Any, message: str,
-               extra: list[Evidence] = ()) -> Finding:
+               extra: Sequence[Evidence] = ()) -> Finding:
         o = flag.report[outcome]
         return finding(host.host, subject, expected, found, o.status, message,
                        evidence + list(extra), sub=flag.name, severity=o.severity)

@@ -76,12 +76,13 @@ def check(ctx: AuditContext) -> list[Finding]:
 
 
 def _world_readable(mode: str | None) -> bool:
-    return bool(mode) and bool(int(mode, 8) & 0o004)
+    return bool(mode and int(mode, 8) & 0o004)
 
 
 def _config_file(host: str, server: Server) -> list[Finding]:
     """The server's `--config FILE` (SGLang reads credentials from it): root only."""
     fact = server.config_file
+    assert fact is not None                 # the caller checks it is there
     flag = [a for a in server.argv[server.argv.index("--config") + 1:][:1]] \
         if "--config" in server.argv else []
     subject = f"{server.id} --config {flag[0] if flag else ''}".rstrip()

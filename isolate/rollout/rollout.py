@@ -200,17 +200,18 @@ class Fleet:
     on_unknown: str = "stop"            # stop | continue
 
 
-def start(fleet: Fleet, change: Change, steps: list[Step], log_dir: Path | None = None,
+def start(fleet: Fleet | None, change: Change, steps: list[Step], log_dir: Path | None = None,
           dry_run: bool = False, say: Say = lambda _: None,
           settings: Settings | None = None) -> Rollout:
     """A new rollout: its plan logged (not with --dry-run: nothing is written), then run
     under the rollout's lock. `settings`: how the gates were built, logged so a resume
-    gates the same way."""
+    gates the same way. A dry run drives no host: its `fleet` may be None."""
     rid = _new_id()
     path = (log_dir or state_dir()) / f"{rid}.jsonl"
     run = Rollout(rid, change, steps, str(path), dry_run=dry_run)
     if dry_run:
         return run
+    assert fleet is not None                # None only for a dry run, which drives no host
     preflight(fleet, steps, say)
     with locked(path):
         log = Log(path)

@@ -43,6 +43,7 @@ test: venv
 # Every test that boots no nspawn host (no systemd-nspawn, no rootfs): the tests not marked
 # `hosts`, i.e. tests/unit and tests/hardening, on the same workers. No system package is
 # installed: promtool and chromium (two files) must be there already (.ci/install-host-deps).
+# About 12 minutes on 2 cores (docs/explanation/repository.md says where the time goes).
 test-fast: venv
 	rm -rf build
 	$(BIN)/pip install -q --no-deps --force-reinstall .

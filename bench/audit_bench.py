@@ -1,10 +1,10 @@
 """Sections 2 and 3 (audit): one audited host against `ssh HOST true` and a naive loop of
 one `ssh` per fact, and the audit of 1, 2, 4, 8 hosts.
 
-Every host is set up as tests/system/test_audit_hosts.py sets its host up (tests/hosts/hostsetup.py, which
-both use): the series applied (the fleet section did that), the SGLang stand-in venv, a
-checkpoint (config.json + a 20 GB sparse shard) and a fake nvidia-smi, and prefill + decode
-units from `patchset deploy`.
+Every host is set up as tests/system/test_audit_hosts.py sets its host up
+(tests/hosts/hostsetup.py, which both use): the series applied (the fleet section did
+that), the SGLang stand-in venv, a checkpoint (config.json + a 20 GB sparse shard) and a
+fake nvidia-smi, and prefill + decode units from `patchset deploy`.
 
 Round trips are counted on the wire library: SSH connections opened (paramiko
 `SSHClient.connect`) + exec requests (`Channel.exec_command`); the SFTP channel the upload

@@ -4,8 +4,8 @@ the command line.
 Every check is a *whole-string* match (`re.fullmatch`): a pattern written `^...$` and used
 with `re.match` accepts a trailing newline (Python's `$` matches before a final `\\n`), so
 `"gpu1\\n"` would reach the network and a gate value `"1\\nLD_PRELOAD=..."` an env file.
-Patterns here carry no anchors at all; `tests/hardening/test_hardening_strings.py` asserts that no
-product module keeps a `$`-anchored pattern.
+Patterns here carry no anchors at all; `tests/hardening/test_hardening_strings.py` asserts
+that no product module keeps a `$`-anchored pattern.
 
 Standard library only: deploy/units.py and the host-side modules import it.
 """

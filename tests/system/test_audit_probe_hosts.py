@@ -1,6 +1,6 @@
 """`patchset audit --probe` on a real nspawn host: a stand-in bound to the host's loopback
 only, probed by `patchset probe HOST` and `patchset audit HOST --probe` through the host's
-SSH connection (the probes against stand-ins on this machine: tests/unit/test_audit_probe.py)."""
+SSH connection (against stand-ins on this machine: tests/unit/test_audit_probe.py)."""
 
 from __future__ import annotations
 

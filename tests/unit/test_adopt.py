@@ -1,7 +1,8 @@
 """`patchset adopt`: an unmanaged fork (a git checkout with local commits, installed into a
 site-packages with a hand edit) -> a proposed series with its base and evidence; --write
 puts the tree under management without changing a served byte; bad input is one line,
-exit 2, nothing changed. Local trees only (the nspawn host: tests/system/test_adopt_hosts.py)."""
+exit 2, nothing changed. Local trees only (the nspawn host:
+tests/system/test_adopt_hosts.py)."""
 
 from __future__ import annotations
 

@@ -26,24 +26,32 @@ ERROR = re.compile(r"patchset: error: [^\n]+")
 
 
 def snapshot(*roots: Path) -> dict[str, tuple]:
-    """Every file and directory under `roots`: mode, size and content digest."""
+    """Every file, directory and link under `roots`: mode, size and content digest (a
+    link: its target, a link to a directory included). One lstat per entry through
+    scandir: the refusal tests take four snapshots of a world of ~16k files per case, and
+    os.walk's lstat + islink per file was 90 of hardening_strings' 108 s."""
     out: dict[str, tuple] = {}
     for root in roots:
         if not root.exists():
             out[str(root)] = ("absent",)
             continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            out[dirpath] = ("dir", os.lstat(dirpath).st_mode)
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                info = os.lstat(path)
-                if os.path.islink(path):
-                    out[path] = ("link", os.readlink(path))
-                    continue
-                digest = _digest(path, info)
-                out[path] = (info.st_mode, info.st_size, digest)
+        _walk(str(root), os.lstat(root).st_mode, out)
     return out
+
+
+def _walk(folder: str, mode: int, out: dict[str, tuple]) -> None:
+    out[folder] = ("dir", mode)
+    with os.scandir(folder) as entries:
+        listed = sorted(entries, key=lambda e: e.name)
+    for entry in listed:
+        if entry.is_symlink():
+            out[entry.path] = ("link", os.readlink(entry.path))
+            continue
+        info = entry.stat(follow_symlinks=False)
+        if entry.is_dir(follow_symlinks=False):
+            _walk(entry.path, info.st_mode, out)
+        else:
+            out[entry.path] = (info.st_mode, info.st_size, _digest(entry.path, info))
 
 
 _DIGESTS: dict[tuple, str] = {}

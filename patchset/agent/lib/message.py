@@ -13,7 +13,7 @@ records they carry.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Type, TypeVar, Union, get_type_hints
+from typing import Any, ClassVar, Dict, List, Tuple, Type, TypeVar, Union, get_type_hints
 
 M = TypeVar("M", bound="Message")
 
@@ -30,13 +30,17 @@ class WireError(ValueError):
 class Message:
     """A dataclass that crosses the wire; subclasses are @dataclass."""
 
+    # What @dataclass gives each subclass, declared (not set) so that the type checker
+    # takes a Message for a dataclass (dataclasses.fields, asdict).
+    __dataclass_fields__: ClassVar[Dict[str, Any]]
+
     @classmethod
     def from_json(cls: Type[M], data: Any, where: str = "") -> M:
         where = where or cls.__name__
         if not isinstance(data, dict):
             raise WireError(f"{where}: expected a JSON object, got {_kind(data)}")
         hints = _hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]   # type: ignore[arg-type]
+        names = [f.name for f in dataclasses.fields(cls)]
         extra = sorted(set(data) - set(names))
         if extra:
             raise WireError(f"{where}: unknown field {extra[0]!r}")
@@ -48,7 +52,7 @@ class Message:
         return cls(**values)
 
     def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)     # type: ignore[call-overload]
+        return dataclasses.asdict(self)
 
 
 _HINTS: Dict[type, Dict[str, Any]] = {}
@@ -67,7 +71,7 @@ def _kind(value: Any) -> str:
 def _check(value: Any, hint: Any, where: str) -> Any:
     """`value` if it is exactly of type `hint`, else WireError naming `where`."""
     origin = getattr(hint, "__origin__", None)
-    args = getattr(hint, "__args__", ())
+    args: Tuple[Any, ...] = getattr(hint, "__args__", ())
     if hint is Any:
         return value
     if isinstance(hint, type) and issubclass(hint, Message):   # a nested record

@@ -99,16 +99,16 @@ class AppliedPatch:
     sha256: str
     summary: str = ""
     depends: list[str] = field(default_factory=list)
-    gate: dict | None = None            # {"env": NAME, "on": VALUE}
+    gate: dict[str, str] | None = None  # {"env": NAME, "on": VALUE}
     path: str = "both"                  # prefill | decode | both
     tier: str | None = None
-    files: list[dict] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
     commit: str | None = None           # git trees: the commit of this patch
-    trace: list[dict] = field(default_factory=list)   # manifest `trace:` {module, qualname}
+    trace: list[dict[str, Any]] = field(default_factory=list)   # manifest `trace:` entries
     trace_mode: str = "add"             # add (to the derived targets) | replace
 
     @classmethod
-    def from_json(cls, data: dict) -> AppliedPatch:
+    def from_json(cls, data: dict[str, Any]) -> AppliedPatch:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -132,7 +132,7 @@ class AppliedPatch:
                                           file=t.get("file")) for t in self.trace],
                          trace_mode=self.trace_mode)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -143,8 +143,8 @@ class TreeState:
     updated: str
     kind: str                           # git | plain
     layout: str                         # git | wheel
-    upstream: dict | None
-    base: dict                          # {"commit": ..., "files": {path: blob}}
+    upstream: dict[str, Any] | None
+    base: dict[str, Any]                # {"commit": ..., "files": {path: blob}}
     applied: list[AppliedPatch]
     files: dict[str, str | None]        # path -> blob id now
     head: str | None = None
@@ -171,7 +171,7 @@ class TreeState:
             raise StateError(f"{where} is damaged (format {version}: "
                              f"{type(exc).__name__}: {exc})") from None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """Always written in the current format."""
         return {"format": STATE_FORMAT, "tool_version": self.tool_version,
                 "updated": self.updated, "kind": self.kind, "layout": self.layout,

@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union, get_type_hints
 
-from .message import Failure, Message, Result, WireError
+# Re-exported: the ops' callers read the envelope and its errors from the wire module.
+from .message import Failure as Failure, Message as Message, Result as Result
+from .message import WireError as WireError, _kind
 from .protocol import PROTOCOL
 from .records import BaseSource, PatchSpec, Recovered, StatusRecord, TensorPattern
 

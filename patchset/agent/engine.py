@@ -315,6 +315,7 @@ def foreign_commits(target: Target, state: TreeState | None) -> list[str]:
     if not (target.is_git and state and state.head):
         return []
     head, applied = target.head(), state.head
+    assert head is not None                     # a git target has a HEAD
     if head == applied:
         return []
     try:
@@ -527,6 +528,7 @@ def switch(target: Target, journal: dict) -> None:
         crash_point(f"file:{number}")
     if journal.get("new_head"):
         head = target.head()
+        assert head is not None                 # only a git tree's journal has a new_head
         if head != journal["new_head"]:
             git(target.root, "update-ref", "-m", "patchset", "HEAD", journal["new_head"], head)
         crash_point("ref")
@@ -621,6 +623,7 @@ def refusal(target: Target, plan: Recovery) -> EngineError | None:
                            f"its git locks: wait for it to finish, then run the command "
                            "again", "locked")
     if plan.edited:
+        assert plan.journal is not None         # the edited files are the journal's
         path = plan.edited[0]
         change = plan.journal["files"][path]
         return EngineError(f"an interrupted {plan.journal['op']} left {path} changed by hand "
@@ -1107,8 +1110,10 @@ def _process_imports(target: Target, pid: int,
 
 
 def _is_managed(target: Target, origin: str | None) -> bool:
+    if not origin:
+        return False
     managed_dir = target.disk(target.prefix + target.package)
-    return bool(origin) and Path(origin).resolve().parent == managed_dir.resolve()
+    return Path(origin).resolve().parent == managed_dir.resolve()
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -1169,12 +1174,12 @@ def provision_base(request: wire.ApplyRequest, bundle: Path) -> str:
 
 def _clone_base(base: BaseSource, bundle: Path, tmp: Path) -> str | None:
     shipped = bundle / "base.bundle"
-    attempts = [("controller", str(shipped.resolve()), None)] if shipped.exists() else []
+    attempts: list[tuple[str, str, str | None]] = \
+        [("controller", str(shipped.resolve()), None)] if shipped.exists() else []
     if base.git and not shipped.exists():
-        url, ref = base.git.url, base.git.ref
-        _refuse_option("upstream.git.url", url)
-        _refuse_option("upstream.git.ref", ref)
-        attempts.append(("git", url, ref))
+        _refuse_option("upstream.git.url", base.git.url)
+        _refuse_option("upstream.git.ref", base.git.ref)
+        attempts.append(("git", base.git.url, base.git.ref))
     commit = base.commit
     if shipped.exists() and not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}",
                                                                           commit)):

@@ -98,6 +98,7 @@ def gather(transport: Transport, request: wire.AuditRequest, probes: HostProbes 
         return Gathered(HostFacts(host=transport.host, reachable=False, error=str(exc)))
     except TargetError as exc:             # the agent gave no result
         return Gathered(HostFacts(host=transport.host, reachable=True, error=str(exc)))
+    assert isinstance(result, (wire.AuditResult, wire.Failure))    # decoded as the op's
     facts = hostfacts.build(transport.host, result)
     return Gathered(facts, probe_host(facts, probes) if probes else None)
 

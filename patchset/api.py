@@ -150,6 +150,7 @@ def apply(series: Series, selected: Plan, transports: list[Transport], dry_run: 
     request, files = make_request(series, "apply", selected.patches, dry_run=dry_run,
                                   lock_wait=lock_wait, base=BaseSource(git=git_pin),
                                   bisect=bisect)
+    assert isinstance(request, ApplyRequest)        # wire.REQUESTS["apply"]
     return on_hosts(transports, lambda t: _run_on(
         t, replace(request, provision=t.provisions), files, base_provider), forks)
 
@@ -163,6 +164,7 @@ def revert(series: Series, names: list[str], transport: Transport, with_dependen
             raise UsageError(f"no patch named {name!r} in {series.manifest} (see `patchset list`)")
     request, files = make_request(series, "revert", names=names, with_dependents=with_dependents,
                                   lock_wait=lock_wait)
+    assert isinstance(request, wire.RevertRequest)  # wire.REQUESTS["revert"]
     return _run_on(transport, request, files)
 
 
@@ -286,6 +288,7 @@ class CheckReport:
 def closed_selections(series: Series, exhaustive: bool = False) -> list[tuple[Patch, ...]]:
     """Selections the rules allow: whole series, tiers, paths, each patch with its deps;
     with `exhaustive`, every dependency-closed conflict-free subset (small series only)."""
+    subsets: Iterable[set[str]]
     if exhaustive:
         names = [p.name for p in series.patches]
         subsets = (set(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r))
@@ -366,7 +369,7 @@ def _check_one(series: Series, chosen: tuple[Patch, ...],
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
                 (root / path).write_bytes(data)
         request, _ = make_request(series, "apply", chosen, target=str(root))
-        result = serve(request, series.root, Events(sink=lambda event: None))
+        result = serve(request, Path(series.root), Events(sink=lambda event: None))
     if not isinstance(result, Failure):
         return SelectionCheck(names, True)
     return SelectionCheck(names, False, result.message)

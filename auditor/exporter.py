@@ -193,10 +193,11 @@ class Exporter:
         with self._rebuild_lock:
             with self._lock:
                 parts = [self.state[h].gathered for h in self.hosts]
-            if any(p is None for p in parts):
+            ready = [p for p in parts if p is not None]
+            if len(ready) < len(parts):
                 return
             try:
-                data = self.evaluate(parts)
+                data = self.evaluate(ready)
             except Exception as exc:  # noqa: BLE001 - keep serving the last good report
                 self._failure(succeeded or "report", "evaluation", exc)
                 return
@@ -326,7 +327,9 @@ class Exporter:
         except OSError as exc:
             raise UsageError(f"--listen {address}:{port}: cannot listen there: "
                              f"{exc.strerror or exc}") from None
-        return self._server.server_address[0], self._server.server_address[1]
+        listening, bound = self._server.server_address[:2]
+        assert isinstance(listening, str)           # an IP address: a TCP server's
+        return listening, bound
 
     def _metrics_route(self, accept: str | None) -> tuple[int, bytes, str]:
         body, ctype = self.metrics_text(accept)

@@ -189,7 +189,9 @@ def drift_charts(host: dict) -> list[dict]:
         figures = record.get("drift")
         if record.get("probe") != "drift" or not isinstance(figures, dict):
             continue
-        verdict = figures.get("verdict") if isinstance(figures.get("verdict"), dict) else {}
+        verdict = figures.get("verdict")
+        if not isinstance(verdict, dict):
+            verdict = {}
         # the line: the tolerance (a decision, since 1.6), an older record's noise threshold
         threshold = _number(verdict.get("tolerance", verdict.get("threshold")))
         where = f" at {record['url']}" if record.get("url") else ""
@@ -208,7 +210,9 @@ def _position_chart(figure: dict, threshold: float | None, title: str) -> str:
               and all(_number(v) is not None for v in p)]
     if points or "points" in figure:
         return chart.svg(points, threshold, title)
-    buckets = figure.get("buckets") if isinstance(figure.get("buckets"), dict) else {}
+    buckets = figure.get("buckets")
+    if not isinstance(buckets, dict):
+        buckets = {}
     return chart.bars([(label, _number(b.get("mean")), _number(b.get("mean")),
                         _number(b.get("p99")))
                        for label, b in buckets.items() if isinstance(b, dict)],

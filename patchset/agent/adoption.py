@@ -137,7 +137,7 @@ def op_inventory(req: InventoryRequest, bundle: Path) -> InventoryResult:
         else:
             try:
                 served[path] = _text(target.disk(path))
-                at_head[path] = _at_head(checkout, path) if facts else None
+                at_head[path] = _at_head(checkout, path) if facts and checkout else None
             except _TooBig as exc:
                 served.pop(path, None)
                 not_read[path] = str(exc)

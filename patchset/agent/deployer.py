@@ -249,7 +249,7 @@ def install_tracer() -> None:
         text = source.read_text(encoding="utf-8")
         dest = os.path.join(tracer.HOME, name)
         st = os.lstat(dest) if os.path.lexists(dest) else None
-        if read_text(dest) != text or st.st_uid != 0 or st.st_mode & 0o7022 or \
+        if st is None or read_text(dest) != text or st.st_uid != 0 or st.st_mode & 0o7022 or \
                 not os.path.isfile(dest) or os.path.islink(dest):
             write_file(dest, text, 0o644)
 

@@ -282,14 +282,16 @@ def _choose_base(series: Series, inv: wire.InventoryResult, pin_files: dict[str,
         same = files == pin_files
         candidates.append(_evidence(wheel, "wheel cache", base.commit if same else None,
                                     inv.files, files, same))
-    if inv.git and inv.git.base:
-        git = inv.git
+    git = inv.git
+    if git and git.base:
         is_pin = git.base == base.commit
         scope = f"{pin.git_prefix}{pin.name}/"
-        tree = pin_files if is_pin else _tree_at(base.repo, git.base, scope)
+        tree: dict[str, str] | None = pin_files
+        if not is_pin:
+            found = _tree_at(base.repo, git.base, scope)
+            tree = None if found is None else {p: b for p, (_, b) in found.items()}
         matching = None if tree is None else _evidence(
-            "", "", None, inv.files, {p: b for p, (_, b) in tree.items()}
-            if not is_pin else tree, is_pin).matching
+            "", "", None, inv.files, tree, is_pin).matching
         return BaseEvidence(f"merge-base {git.base[:12]} ({git.base_why})", "merge-base",
                             git.base, len(inv.files), matching, is_pin), candidates
     best = max(candidates, key=lambda c: (c.matching or 0, c.is_pin))

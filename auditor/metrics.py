@@ -19,7 +19,10 @@ import calendar
 import re
 import time
 from collections import Counter
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:                       # imported by the two exporters only (start-up)
+    from prometheus_client.registry import Collector
 
 PREFIX = "patchset_"
 LABEL_SAFE = re.compile(r"[^A-Za-z0-9_.:@/+=\[\]-]")
@@ -249,19 +252,21 @@ def _noise(value: Any) -> float | None:
     return sum(listed) / len(listed) if listed else None
 
 
-class Fixed:
+def collector(families: Iterable[Any]) -> Collector:
     """A prometheus_client collector that yields the families it was given (register it
-    with a CollectorRegistry)."""
+    with a CollectorRegistry). A subclass of Collector: an ABC up to prometheus_client
+    0.23, a Protocol since 0.24, so only a subclass is a Collector to the type checker
+    at every version in range."""
+    from prometheus_client.registry import Collector
 
-    def __init__(self, families: Iterable[Any]) -> None:
-        self.families = list(families)
+    class Fixed(Collector):
+        def __init__(self, listed: list[Any]) -> None:
+            self.families = listed
 
-    def collect(self) -> Iterator[Any]:
-        return iter(self.families)
+        def collect(self) -> Iterator[Any]:
+            return iter(self.families)
 
-
-def collector(families: Iterable[Any]) -> Fixed:
-    return Fixed(families)
+    return Fixed(list(families))
 
 
 def text(families: Iterable[Any]) -> str:

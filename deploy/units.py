@@ -34,9 +34,10 @@ from patchset.agent.lib import staleness, tracer
 from patchset.agent.lib.facts.systemd import parse_env_file
 from patchset.connect.inventory import Host
 from patchset.connect.settings import (ABS_PATH, CONFIG_SUFFIX, ENV_NAME, MANAGED_ENV,
-                                      MANAGED_FLAGS, PATCH_NAME, SCHEMA,
-                                      SECRET_SETTINGS, SERVER_ROLES, RoleSettings, SettingError, check_settings,
-                                      env_value, exec_line, secret_flag, unit_value)
+                                      MANAGED_FLAGS, PATCH_NAME, SCHEMA, SECRET_SETTINGS,
+                                      SERVER_ROLES, RoleSettings, SettingError,
+                                      check_settings, env_value, exec_line, secret_flag,
+                                      unit_value)
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/sglang"

@@ -5,11 +5,10 @@ Standard library only, and readable by Python 3.8 (the agent runs on hosts with 
 their python3): annotations use `typing.Optional/List/Dict`, resolved by
 `typing.get_type_hints`. JSON exists only here; both sides hand the dataclasses around.
 
-`from_json` checks exact types (a bool is not an int, an int is not a str; an int is
-accepted where a float is expected, as JSON writes `30` for 30.0 in other producers),
-refuses a missing or an unknown field, and raises WireError with one line naming the
-field. Nested free-form values (a unit's settings, the audit's raw facts) are `dict`:
-the parts that read them check them (auditor/facts, deploy/units).
+Every request and result is a `message.Message`: `from_json` checks exact types down to
+the leaves and names the field it refuses. The records they carry are records.py's. The
+values still free-form (a deploy's role specs and records, the bisect record, adopt's
+state, the audit's raw facts) are `dict`: the parts that read them check them.
 
 Adding an op: one Request subclass, one Result subclass, one entry in OPS (an `Op`: the
 part of the host program that serves it and the function there).
@@ -18,14 +17,13 @@ part of the host program that serves it and the function there).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union, get_type_hints
+from typing import Any, ClassVar, Dict, List, Optional, Type, Union
 
 # Re-exported: the ops' callers read the envelope and its errors from the wire module.
 from .message import Failure as Failure, Message as Message, Result as Result
 from .message import WireError as WireError, _kind
 from .protocol import PROTOCOL
 from .records import BaseSource, PatchSpec, Recovered, StatusRecord, TensorPattern
-
 
 
 # ---------------------------------------------------------------- requests
